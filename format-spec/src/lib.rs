@@ -38,6 +38,7 @@ pub mod meta;
 mod read;
 #[allow(unsafe_code)] // The memory map; see the SAFETY comment in `storage.rs`.
 mod storage;
+pub mod synth;
 pub mod text;
 mod verify;
 mod write;
