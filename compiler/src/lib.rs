@@ -1,0 +1,7 @@
+//! `asrc`: compiles an ASR training manifest into one memory-mappable corpus file, and
+//! validates corpora. The binary in `main.rs` is a thin shell over the commands here.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod commands;
+pub mod output;

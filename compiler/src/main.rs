@@ -1,0 +1,21 @@
+//! `asrc` command-line entry point: parse, dispatch, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use asr_compiler::cli::{Cli, Command};
+use asr_compiler::commands;
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Validate(args) => commands::validate::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("asrc: error: {e:#}");
+            ExitCode::from(commands::validate::EXIT_ERROR)
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Integration tests of the `asrc` binary: one test binary, one module per subcommand.
+
+// Test helpers outside #[test] functions may unwrap: a panic is the failure report.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod validate;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// Runs `asrc` with `args`.
+pub fn asrc(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_asrc")).args(args).output().unwrap()
+}
+
+/// The format crate's golden corpus.
+pub fn golden() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/testdata/v1/tiny.asrcorpus")
+}
