@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing need on a fresh Debian machine. Idempotent: it
+# installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(pkg-config)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
+fi
+
+if ! python3 -c 'import numpy, zstandard, xxhash' 2>/dev/null; then
+  echo "setup: installing Python packages for the reference reader"
+  python3 -m pip install --quiet --disable-pip-version-check -r format-spec/reference/requirements.txt
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo not found; install a Rust toolchain" >&2; exit 1; }
+echo "setup: ok"
