@@ -1,0 +1,122 @@
+//! Command-line interface of `asrt` (clap derive types only; behaviour is in `commands`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueHint};
+
+use crate::data::report::ShapeQuantum;
+use crate::data::sampler::{SamplerConfig, DEFAULT_BOUNDARIES};
+
+/// Plan, feed and train ASR models from corpus files.
+#[derive(Debug, Parser)]
+#[command(name = "asrt", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show what an epoch's batch plan will do, before any GPU starts.
+    ///
+    /// Builds the bucketed, temperature-balanced plan (duration buckets, language temperature,
+    /// weighted random order, greedy packing to --max-batch-seconds, cost-sorted dealing to
+    /// ranks, trimming to --grad-accum, per-rank shuffle) and reports batches and hours per
+    /// bucket, language shares before and after temperature, padding, per-step cost imbalance
+    /// across ranks and the largest batch. --batches prints one rank's batches instead.
+    #[command(after_help = "Examples:\n  asrt plan corpus.asrcorpus --world-size 8\n  \
+                            asrt plan corpus.asrcorpus --world-size 8 --rank 3 --batches > rank3.json\n  \
+                            asrt plan corpus.asrcorpus --json | jq .imbalance_worst")]
+    Plan(PlanArgs),
+}
+
+/// Options of the epoch plan, shared by every command that plans.
+#[derive(Debug, Clone, Args)]
+pub struct SamplerArgs {
+    /// Duration bucket boundaries in seconds, ascending (a duration equal to a boundary goes to
+    /// the higher bucket).
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_BOUNDARIES.to_vec())]
+    pub boundaries: Vec<f64>,
+    /// Language temperature: language weight count^T; 1 keeps natural frequencies, 0 makes all
+    /// languages equal.
+    #[arg(long, default_value_t = 0.3)]
+    pub temperature: f64,
+    /// Audio seconds per micro-batch (an utterance longer than this forms its own batch).
+    #[arg(long, default_value_t = 90.0)]
+    pub max_batch_seconds: f64,
+    /// Seed; epoch E draws from a generator seeded with seed + E.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Shortest batches first for this many optimizer steps at the start of each epoch.
+    #[arg(long, default_value_t = 0)]
+    pub curriculum_steps: u64,
+    /// Number of data-parallel ranks.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: u32,
+    /// Micro-batches per optimizer step; each rank's batch count is trimmed to a multiple.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grad_accum: u32,
+    /// Round padded audio lengths up to a multiple of this many seconds (0: exact), bounding the
+    /// number of distinct shapes a GPU backend compiles for.
+    #[arg(long, default_value_t = 0.0)]
+    pub audio_quantum_seconds: f64,
+    /// Round padded token lengths up to a multiple of this (0: exact).
+    #[arg(long, default_value_t = 0)]
+    pub token_quantum: u32,
+}
+
+impl SamplerArgs {
+    /// The sampler configuration these options describe.
+    pub fn config(&self) -> SamplerConfig {
+        SamplerConfig {
+            boundaries: self.boundaries.clone(),
+            temperature: self.temperature,
+            max_batch_seconds: self.max_batch_seconds,
+            seed: self.seed,
+            curriculum_steps: self.curriculum_steps,
+        }
+    }
+
+    /// The padding quantum, with audio in samples at `rate`.
+    pub fn quantum(&self, rate: f64) -> ShapeQuantum {
+        ShapeQuantum {
+            audio_samples: (self.audio_quantum_seconds.max(0.0) * rate).round() as u32,
+            tokens: self.token_quantum,
+        }
+    }
+}
+
+/// Arguments of `asrt plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Corpus file.
+    #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub corpus: PathBuf,
+    /// Epoch to plan.
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    /// Rank whose batches --batches prints.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    /// Print the rank's micro-batches (utterance indices, in order, null for an idle slot) as
+    /// JSON instead of the report.
+    #[arg(long)]
+    pub batches: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Plan options.
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,3 @@
+//! One module per subcommand; each exposes `run(args) -> anyhow::Result<ExitCode>`.
+
+pub mod plan;

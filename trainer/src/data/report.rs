@@ -1,0 +1,297 @@
+//! What a plan will do, before a GPU starts: batches and hours per bucket, language shares before
+//! and after temperature, padding, per-step cost imbalance across ranks, the largest batch, and
+//! what truncation and trimming drop.
+
+use serde::Serialize;
+
+use super::sampler::{Durations, EpochPlan, SamplerConfig, IDLE};
+
+/// Padding granularity: padded shapes are rounded up to these multiples (0: no rounding).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct ShapeQuantum {
+    /// Audio length quantum, in samples.
+    pub audio_samples: u32,
+    /// Token length quantum, in tokens.
+    pub tokens: u32,
+}
+
+impl ShapeQuantum {
+    /// `len` rounded up to a multiple of `q` (unchanged when `q` is 0).
+    pub fn round(len: u64, q: u32) -> u64 {
+        if q == 0 {
+            len
+        } else {
+            len.div_ceil(u64::from(q)) * u64::from(q)
+        }
+    }
+}
+
+/// One duration bucket.
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketReport {
+    /// `[lo, hi)` in seconds.
+    pub range: String,
+    /// Batches used in the epoch.
+    pub batches: u64,
+    /// Utterances in those batches.
+    pub utterances: u64,
+    /// Hours of audio in those batches.
+    pub hours: f64,
+    /// Mean utterances per batch.
+    pub mean_batch_size: f64,
+}
+
+/// One language.
+#[derive(Debug, Clone, Serialize)]
+pub struct LanguageReport {
+    /// Language code.
+    pub language: String,
+    /// Utterances in the corpus.
+    pub utterances: u64,
+    /// Hours in the corpus.
+    pub hours: f64,
+    /// Share of the corpus's utterances.
+    pub corpus_share: f64,
+    /// Share after temperature (`count^T`, normalised): what the weighting aims for.
+    pub target_share: f64,
+    /// Share of utterances in the first tenth of the epoch's steps: what the weighted order
+    /// realises early on. Over a whole epoch every utterance is used once, so the epoch share
+    /// equals the corpus share minus what truncation drops.
+    pub early_share: f64,
+}
+
+/// The batch with the highest cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct LargestBatch {
+    /// Batch id (position in cost order).
+    pub id: u32,
+    /// Utterances.
+    pub utterances: u64,
+    /// Longest utterance, seconds.
+    pub longest_seconds: f64,
+    /// Total audio, seconds.
+    pub seconds: f64,
+    /// Padded audio samples (utterances x padded length).
+    pub padded_samples: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    /// Epoch.
+    pub epoch: u64,
+    /// Ranks (of the first segment).
+    pub world_size: u32,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: u32,
+    /// Utterances in the input.
+    pub utterances: u64,
+    /// Hours in the input.
+    pub hours: f64,
+    /// Batches formed by packing.
+    pub batches_formed: u64,
+    /// Batches the epoch uses (all ranks).
+    pub batches_used: u64,
+    /// Optimizer steps in the epoch.
+    pub steps: u64,
+    /// Utterances in batches dropped by truncation to the world size and accumulation trimming.
+    pub dropped_utterances: u64,
+    /// Their hours.
+    pub dropped_hours: f64,
+    /// Per bucket.
+    pub buckets: Vec<BucketReport>,
+    /// Per language.
+    pub languages: Vec<LanguageReport>,
+    /// Fraction of padded audio samples that are padding.
+    pub audio_padding_fraction: f64,
+    /// Fraction of padded token slots that are padding (when token counts were given).
+    pub token_padding_fraction: Option<f64>,
+    /// Mean over steps of (max rank cost / mean rank cost).
+    pub imbalance_mean: f64,
+    /// Worst step's (max rank cost / mean rank cost).
+    pub imbalance_worst: f64,
+    /// The step where it happens.
+    pub imbalance_worst_step: u64,
+    /// The costliest batch.
+    pub largest_batch: Option<LargestBatch>,
+}
+
+/// Inputs a report needs besides the plan.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportInput<'a> {
+    /// Durations the plan was built from.
+    pub durations: Durations<'a>,
+    /// Language ids the plan was built from.
+    pub languages: &'a [u16],
+    /// Code of each language id.
+    pub language_names: &'a [String],
+    /// Tokens per utterance, if known.
+    pub tokens: Option<&'a [u32]>,
+    /// Samples per second of the durations, to express padded lengths in samples.
+    pub sample_rate: f64,
+    /// Padding granularity.
+    pub quantum: ShapeQuantum,
+}
+
+/// Builds the report of `plan`.
+pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>) -> PlanReport {
+    let d = input.durations;
+    let first = plan.segments()[0];
+    let steps = plan.steps();
+    let w_max = plan.segments().iter().map(|s| s.world_size).max().unwrap_or(1);
+
+    // Which batches the epoch uses, and per-step rank costs.
+    let mut used = vec![false; plan.len()];
+    let mut imbalance_sum = 0.0;
+    let (mut worst, mut worst_step) = (0.0f64, 0u64);
+    let early_steps = steps.div_ceil(10);
+    let mut early_counts = vec![0u64; 1 << 16];
+    let mut early_total = 0u64;
+    for step in 0..steps {
+        let mut costs = Vec::with_capacity(w_max as usize);
+        let world = plan.layout_at(step).map_or(0, |s| s.world_size);
+        for rank in 0..world {
+            let mut c = 0.0;
+            for &b in plan.step_batches(step, rank) {
+                if b == IDLE {
+                    continue;
+                }
+                used[b as usize] = true;
+                c += plan.cost(b);
+                if step < early_steps {
+                    for &i in plan.batch(b) {
+                        early_counts[input.languages[i as usize] as usize] += 1;
+                        early_total += 1;
+                    }
+                }
+            }
+            costs.push(c);
+        }
+        let mean = costs.iter().sum::<f64>() / costs.len().max(1) as f64;
+        let max = costs.iter().copied().fold(0.0, f64::max);
+        let ratio = if mean > 0.0 { max / mean } else { 1.0 };
+        imbalance_sum += ratio;
+        if ratio > worst {
+            worst = ratio;
+            worst_step = step;
+        }
+    }
+
+    let nb = config.boundaries.len() + 1;
+    let mut buckets: Vec<BucketReport> = (0..nb)
+        .map(|b| {
+            let lo = if b == 0 { 0.0 } else { config.boundaries[b - 1] };
+            let hi = config.boundaries.get(b).map_or("inf".to_string(), |h| format!("{h}"));
+            BucketReport {
+                range: format!("[{lo}, {hi})"),
+                batches: 0,
+                utterances: 0,
+                hours: 0.0,
+                mean_batch_size: 0.0,
+            }
+        })
+        .collect();
+    let (mut padded_audio, mut real_audio) = (0u64, 0u64);
+    let (mut padded_tok, mut real_tok) = (0u64, 0u64);
+    let (mut dropped_utts, mut dropped_secs) = (0u64, 0.0f64);
+    let mut largest: Option<LargestBatch> = None;
+    let to_samples = |s: f64| (s * input.sample_rate).round() as u64;
+    for id in 0..plan.len() as u32 {
+        let items = plan.batch(id);
+        let secs: f64 = items.iter().map(|&i| d.get(i as usize)).sum();
+        if !used[id as usize] {
+            dropped_utts += items.len() as u64;
+            dropped_secs += secs;
+            continue;
+        }
+        let bucket = &mut buckets[plan.bucket(id)];
+        bucket.batches += 1;
+        bucket.utterances += items.len() as u64;
+        bucket.hours += secs / 3600.0;
+        let t = ShapeQuantum::round(to_samples(plan.longest(id)), input.quantum.audio_samples);
+        let padded = t * items.len() as u64;
+        padded_audio += padded;
+        real_audio += items.iter().map(|&i| to_samples(d.get(i as usize))).sum::<u64>();
+        if let Some(tokens) = input.tokens {
+            let u = items.iter().map(|&i| u64::from(tokens[i as usize])).max().unwrap_or(0);
+            padded_tok += ShapeQuantum::round(u, input.quantum.tokens) * items.len() as u64;
+            real_tok += items.iter().map(|&i| u64::from(tokens[i as usize])).sum::<u64>();
+        }
+        if largest.as_ref().is_none_or(|l| plan.cost(id) > plan.cost(l.id)) {
+            largest = Some(LargestBatch {
+                id,
+                utterances: items.len() as u64,
+                longest_seconds: plan.longest(id),
+                seconds: secs,
+                padded_samples: padded,
+            });
+        }
+    }
+    for b in &mut buckets {
+        b.mean_batch_size =
+            if b.batches > 0 { b.utterances as f64 / b.batches as f64 } else { 0.0 };
+    }
+
+    PlanReport {
+        epoch: plan.epoch(),
+        world_size: first.world_size,
+        grad_accum: first.grad_accum,
+        utterances: d.len() as u64,
+        hours: (0..d.len()).map(|i| d.get(i)).sum::<f64>() / 3600.0,
+        batches_formed: plan.len() as u64,
+        batches_used: used.iter().filter(|&&u| u).count() as u64,
+        steps,
+        dropped_utterances: dropped_utts,
+        dropped_hours: dropped_secs / 3600.0,
+        buckets,
+        languages: language_shares(input, config, &early_counts, early_total),
+        audio_padding_fraction: fraction(padded_audio - real_audio.min(padded_audio), padded_audio),
+        token_padding_fraction: input
+            .tokens
+            .map(|_| fraction(padded_tok - real_tok.min(padded_tok), padded_tok)),
+        imbalance_mean: if steps > 0 { imbalance_sum / steps as f64 } else { 1.0 },
+        imbalance_worst: worst.max(1.0),
+        imbalance_worst_step: worst_step,
+        largest_batch: largest,
+    }
+}
+
+fn fraction(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn language_shares(
+    input: &ReportInput<'_>,
+    config: &SamplerConfig,
+    early_counts: &[u64],
+    early_total: u64,
+) -> Vec<LanguageReport> {
+    let mut counts = vec![0u64; 1 << 16];
+    let mut secs = vec![0.0f64; 1 << 16];
+    for (i, &l) in input.languages.iter().enumerate() {
+        counts[l as usize] += 1;
+        secs[l as usize] += input.durations.get(i);
+    }
+    let present: Vec<usize> = (0..counts.len()).filter(|&l| counts[l] > 0).collect();
+    let w =
+        |c: u64| if config.temperature <= 0.0 { 1.0 } else { (c as f64).powf(config.temperature) };
+    let ws: f64 = present.iter().map(|&l| w(counts[l])).sum();
+    let n = input.languages.len() as f64;
+    let mut out: Vec<LanguageReport> = present
+        .iter()
+        .map(|&l| LanguageReport {
+            language: input.language_names.get(l).cloned().unwrap_or_else(|| format!("#{l}")),
+            utterances: counts[l],
+            hours: secs[l] / 3600.0,
+            corpus_share: counts[l] as f64 / n,
+            target_share: w(counts[l]) / ws,
+            early_share: fraction(early_counts[l], early_total),
+        })
+        .collect();
+    out.sort_by(|a, b| b.utterances.cmp(&a.utterances).then(a.language.cmp(&b.language)));
+    out
+}

@@ -1,0 +1,588 @@
+//! The epoch plan: duration buckets, language temperature, weighted random order, greedy packing,
+//! cost-sorted dealing to ranks, grad-accumulation trimming and a per-rank shuffle, with exactly
+//! the semantics (and, for the same seed, the same batches) of the Python sampler it replaces.
+//! On top of that: exact resume, re-dealing the rest of an epoch to a new world size, and a
+//! shortest-first curriculum.
+//!
+//! Pure computation over plain arrays of (duration, language): no corpus, no tensors.
+//!
+//! The plan of an epoch is a function of `(config, epoch, segments)`. Segment 0 starts at step 0
+//! with the run's world size and gradient accumulation. A resume on another world size at step
+//! `k` appends a segment: the batches the previous segment had not yet consumed are dealt again,
+//! in cost order, to the new ranks. Every batch of the epoch is then seen exactly once, and the
+//! sampler state that reproduces all of it is the list of segments plus the step.
+
+use serde::{Deserialize, Serialize};
+
+use super::pyrandom::PyRandom;
+
+/// Duration bucket boundaries of the Python sampler, in seconds.
+pub const DEFAULT_BOUNDARIES: [f64; 5] = [3.0, 5.0, 8.0, 12.0, 16.0];
+/// Marks an idle micro-batch slot: a rank with nothing to do at that slot after a re-deal.
+pub const IDLE: u32 = u32::MAX;
+
+/// Everything that shapes an epoch plan except the world size and gradient accumulation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Bucket boundaries in seconds, ascending; a duration equal to a boundary goes to the higher
+    /// bucket (`bisect_right`).
+    pub boundaries: Vec<f64>,
+    /// Language temperature T: language weight `count^T`; 0 or less gives every language the
+    /// same weight.
+    pub temperature: f64,
+    /// Audio seconds per micro-batch; an utterance longer than this forms its own batch.
+    pub max_batch_seconds: f64,
+    /// Seed; epoch e draws from `random.Random(seed + e)`.
+    pub seed: u64,
+    /// For this many optimizer steps at the start of each epoch, each rank takes its shortest
+    /// batches first, shortest to longest (0: off, the Python sampler's behaviour).
+    pub curriculum_steps: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> SamplerConfig {
+        SamplerConfig {
+            boundaries: DEFAULT_BOUNDARIES.to_vec(),
+            temperature: 0.3,
+            max_batch_seconds: 90.0,
+            seed: 0,
+            curriculum_steps: 0,
+        }
+    }
+}
+
+/// Why a plan cannot be built.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    /// Durations and languages have different lengths.
+    #[error("{durations} durations but {languages} languages")]
+    LengthMismatch {
+        /// Number of durations.
+        durations: usize,
+        /// Number of languages.
+        languages: usize,
+    },
+    /// An option is out of range.
+    #[error("invalid sampler option: {0}")]
+    Invalid(String),
+    /// A resume state does not fit this plan.
+    #[error("cannot resume: {0}")]
+    Resume(String),
+}
+
+/// Durations, either in seconds or as sample counts at a rate.
+#[derive(Debug, Clone, Copy)]
+pub enum Durations<'a> {
+    /// Seconds per utterance.
+    Seconds(&'a [f64]),
+    /// Samples per utterance at `rate` samples per second (a corpus's NUM_SAMPLES).
+    Samples {
+        /// Sample counts.
+        samples: &'a [u32],
+        /// Samples per second.
+        rate: f64,
+    },
+}
+
+impl Durations<'_> {
+    /// Number of utterances.
+    pub fn len(&self) -> usize {
+        match self {
+            Durations::Seconds(s) => s.len(),
+            Durations::Samples { samples, .. } => samples.len(),
+        }
+    }
+
+    /// Whether there is no utterance.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Duration of utterance `i` in seconds.
+    #[inline]
+    pub fn get(&self, i: usize) -> f64 {
+        match self {
+            Durations::Seconds(s) => s[i],
+            Durations::Samples { samples, rate } => f64::from(samples[i]) / rate,
+        }
+    }
+}
+
+/// One stretch of an epoch run with one world size and gradient accumulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// First optimizer step of the segment, counted from the start of the epoch.
+    pub start_step: u64,
+    /// Ranks.
+    pub world_size: u32,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: u32,
+}
+
+/// What a checkpoint stores to resume the sampler exactly: a few numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplerState {
+    /// Epoch.
+    pub epoch: u64,
+    /// Optimizer steps completed in this epoch.
+    pub step: u64,
+    /// The epoch's segments so far (at least one).
+    pub segments: Vec<Segment>,
+}
+
+/// Slot layout of one segment: `world_size` rows of `slots` batch ids (or [`IDLE`]).
+#[derive(Debug, Clone)]
+struct SegmentPlan {
+    seg: Segment,
+    slots: usize,
+    order: Vec<u32>,
+}
+
+impl SegmentPlan {
+    fn row(&self, rank: u32) -> &[u32] {
+        let r = rank as usize * self.slots;
+        &self.order[r..r + self.slots]
+    }
+
+    fn steps(&self) -> u64 {
+        (self.slots / self.seg.grad_accum as usize) as u64
+    }
+}
+
+/// The plan of one epoch.
+#[derive(Debug, Clone)]
+pub struct EpochPlan {
+    epoch: u64,
+    config: SamplerConfig,
+    /// Utterance indices of every batch, batches in cost-descending order (batch id = position).
+    items: Vec<u32>,
+    offsets: Vec<u64>,
+    /// `len(batch) * longest duration`, descending.
+    cost: Vec<f64>,
+    /// Longest duration of each batch, seconds.
+    longest: Vec<f64>,
+    /// Bucket of each batch.
+    bucket: Vec<u8>,
+    segments: Vec<SegmentPlan>,
+}
+
+impl EpochPlan {
+    /// Builds epoch `epoch`'s plan for `world_size` ranks accumulating `grad_accum` micro-batches
+    /// per optimizer step. Cost: one pass to bucket, one random draw and one `powf` per
+    /// utterance, one sort per bucket, one sort of the batches.
+    pub fn build(
+        durations: Durations<'_>,
+        languages: &[u16],
+        config: &SamplerConfig,
+        epoch: u64,
+        world_size: u32,
+        grad_accum: u32,
+    ) -> Result<EpochPlan, PlanError> {
+        check(&durations, languages, config, world_size, grad_accum)?;
+        let mut rng = PyRandom::new(config.seed.wrapping_add(epoch));
+        let weights = language_weights(languages, config.temperature);
+        let (items, offsets, bucket) = pack(&durations, languages, &weights, config, &mut rng);
+
+        // Sort batches by cost, descending; the sort is stable, as Python's is.
+        let n_batches = offsets.len() - 1;
+        let batch = |b: usize| &items[offsets[b] as usize..offsets[b + 1] as usize];
+        let longest_of =
+            |b: usize| batch(b).iter().map(|&i| durations.get(i as usize)).fold(f64::MIN, f64::max);
+        let mut by_cost: Vec<(f64, u32)> =
+            (0..n_batches).map(|b| (batch(b).len() as f64 * longest_of(b), b as u32)).collect();
+        by_cost.sort_by(|a, b| b.0.total_cmp(&a.0));
+
+        let mut sorted_items = Vec::with_capacity(items.len());
+        let mut sorted_offsets = Vec::with_capacity(offsets.len());
+        let mut cost = Vec::with_capacity(n_batches);
+        let mut longest = Vec::with_capacity(n_batches);
+        let mut sorted_bucket = Vec::with_capacity(n_batches);
+        sorted_offsets.push(0u64);
+        for &(c, b) in &by_cost {
+            sorted_items.extend_from_slice(batch(b as usize));
+            sorted_offsets.push(sorted_items.len() as u64);
+            cost.push(c);
+            longest.push(longest_of(b as usize));
+            sorted_bucket.push(bucket[b as usize]);
+        }
+        drop(items);
+
+        let mut plan = EpochPlan {
+            epoch,
+            config: config.clone(),
+            items: sorted_items,
+            offsets: sorted_offsets,
+            cost,
+            longest,
+            bucket: sorted_bucket,
+            segments: Vec::new(),
+        };
+        let first = plan.deal_first(world_size, grad_accum, &mut rng);
+        plan.segments.push(first);
+        Ok(plan)
+    }
+
+    /// Rebuilds the plan a [`SamplerState`] describes (same input and config as the run that
+    /// saved it).
+    pub fn restore(
+        durations: Durations<'_>,
+        languages: &[u16],
+        config: &SamplerConfig,
+        state: &SamplerState,
+    ) -> Result<EpochPlan, PlanError> {
+        let first = state.segments.first().ok_or_else(|| PlanError::Resume("no segment".into()))?;
+        if first.start_step != 0 {
+            return Err(PlanError::Resume("the first segment must start at step 0".into()));
+        }
+        let mut plan = EpochPlan::build(
+            durations,
+            languages,
+            config,
+            state.epoch,
+            first.world_size,
+            first.grad_accum,
+        )?;
+        for s in &state.segments[1..] {
+            plan.redeal(s.start_step, s.world_size, s.grad_accum)?;
+        }
+        if state.step > plan.steps() {
+            return Err(PlanError::Resume(format!(
+                "step {} is past the epoch's {} steps",
+                state.step,
+                plan.steps()
+            )));
+        }
+        Ok(plan)
+    }
+
+    /// The seed's dealing: batches `r, r + W, ...` to rank r, truncated so every rank has the
+    /// same count, trimmed to a multiple of the accumulation, one shuffle applied to every rank.
+    fn deal_first(&self, world_size: u32, grad_accum: u32, rng: &mut PyRandom) -> SegmentPlan {
+        let w = world_size as usize;
+        let per_rank = self.len() / w;
+        let slots =
+            if grad_accum > 1 { per_rank - per_rank % grad_accum as usize } else { per_rank };
+        // Every rank's list has the same length and Python shuffles each with the generator in
+        // the same state, so one permutation serves all ranks.
+        let mut perm: Vec<u32> = (0..slots as u32).collect();
+        rng.shuffle(&mut perm);
+        let mut order = Vec::with_capacity(w * slots);
+        for r in 0..w {
+            let start = order.len();
+            order.extend(perm.iter().map(|&p| (p as usize * w + r) as u32));
+            self.curriculum(&mut order[start..], grad_accum);
+        }
+        SegmentPlan { seg: Segment { start_step: 0, world_size, grad_accum }, slots, order }
+    }
+
+    /// Moves a rank's shortest batches to the front of its list, shortest first, for the
+    /// configured number of steps; the other batches keep their shuffled order. Ranks' lists are
+    /// interleaved from one cost ranking, so their k-th shortest batches are alike and steps stay
+    /// balanced.
+    fn curriculum(&self, row: &mut [u32], grad_accum: u32) {
+        let n = (self.config.curriculum_steps.saturating_mul(u64::from(grad_accum)) as usize)
+            .min(row.len());
+        if n == 0 {
+            return;
+        }
+        let mut by_len: Vec<(usize, u32)> = row.iter().copied().enumerate().collect();
+        by_len.sort_by(|a, b| {
+            self.longest[a.1 as usize].total_cmp(&self.longest[b.1 as usize]).then(a.0.cmp(&b.0))
+        });
+        let mut chosen = vec![false; row.len()];
+        for &(pos, _) in &by_len[..n] {
+            chosen[pos] = true;
+        }
+        let rest: Vec<u32> =
+            row.iter().zip(&chosen).filter(|(_, &c)| !c).map(|(&b, _)| b).collect();
+        for (slot, &(_, b)) in row.iter_mut().zip(&by_len[..n]) {
+            *slot = b;
+        }
+        row[n..].copy_from_slice(&rest);
+    }
+
+    /// Re-deals the rest of the epoch from optimizer step `at_step` to `world_size` ranks
+    /// accumulating `grad_accum` micro-batches: every batch the current segment had not consumed
+    /// by then is dealt, in cost order, round robin to the new ranks, and one permutation drawn
+    /// from `(seed, epoch, at_step)` orders every rank. Ranks left short at the end get [`IDLE`]
+    /// slots, so no batch is dropped or repeated.
+    pub fn redeal(
+        &mut self,
+        at_step: u64,
+        world_size: u32,
+        grad_accum: u32,
+    ) -> Result<(), PlanError> {
+        if world_size == 0 || grad_accum == 0 {
+            return Err(PlanError::Invalid("world size and grad accumulation must be >= 1".into()));
+        }
+        let last = self.segments.last().ok_or_else(|| PlanError::Resume("no segment".into()))?;
+        let end = last.seg.start_step + last.steps();
+        if at_step < last.seg.start_step || at_step > end {
+            return Err(PlanError::Resume(format!(
+                "step {at_step} is outside the current segment (steps {}..={end})",
+                last.seg.start_step
+            )));
+        }
+        let consumed = ((at_step - last.seg.start_step) * u64::from(last.seg.grad_accum)) as usize;
+        let mut remaining: Vec<u32> = (0..last.seg.world_size)
+            .flat_map(|r| last.row(r)[consumed..].iter().copied())
+            .filter(|&b| b != IDLE)
+            .collect();
+        remaining.sort_unstable();
+        let w = world_size as usize;
+        let per_rank = remaining.len().div_ceil(w);
+        let slots = per_rank.div_ceil(grad_accum as usize) * grad_accum as usize;
+        let mut perm: Vec<u32> = (0..slots as u32).collect();
+        PyRandom::new(mix(self.config.seed, self.epoch, at_step)).shuffle(&mut perm);
+        let mut order = Vec::with_capacity(w * slots);
+        for r in 0..w {
+            order.extend(
+                perm.iter().map(|&p| remaining.get(p as usize * w + r).copied().unwrap_or(IDLE)),
+            );
+        }
+        // The current segment now ends at `at_step`. (A re-deal at a segment's first step
+        // leaves it with no slots; it stays in the list so the state replays the same calls.)
+        if let Some(last) = self.segments.last_mut() {
+            let rows: Vec<u32> =
+                (0..last.seg.world_size).flat_map(|r| last.row(r)[..consumed].to_vec()).collect();
+            last.order = rows;
+            last.slots = consumed;
+        }
+        let seg = Segment { start_step: at_step, world_size, grad_accum };
+        self.segments.push(SegmentPlan { seg, slots, order });
+        Ok(())
+    }
+
+    /// The epoch number.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Number of batches formed (before truncation and trimming).
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Whether no batch was formed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Utterance indices of batch `id` (ids are positions in cost-descending order).
+    pub fn batch(&self, id: u32) -> &[u32] {
+        &self.items[self.offsets[id as usize] as usize..self.offsets[id as usize + 1] as usize]
+    }
+
+    /// `len * longest duration` of batch `id`.
+    pub fn cost(&self, id: u32) -> f64 {
+        self.cost[id as usize]
+    }
+
+    /// Longest duration in batch `id`, seconds.
+    pub fn longest(&self, id: u32) -> f64 {
+        self.longest[id as usize]
+    }
+
+    /// Duration bucket of batch `id`.
+    pub fn bucket(&self, id: u32) -> usize {
+        self.bucket[id as usize] as usize
+    }
+
+    /// Optimizer steps in the epoch.
+    pub fn steps(&self) -> u64 {
+        self.segments.last().map_or(0, |s| s.seg.start_step + s.steps())
+    }
+
+    /// The segments so far.
+    pub fn segments(&self) -> Vec<Segment> {
+        self.segments.iter().map(|s| s.seg).collect()
+    }
+
+    /// The state to save after `step` optimizer steps of this epoch.
+    pub fn state(&self, step: u64) -> SamplerState {
+        SamplerState { epoch: self.epoch, step, segments: self.segments() }
+    }
+
+    fn segment_at(&self, step: u64) -> Option<&SegmentPlan> {
+        self.segments
+            .iter()
+            .rev()
+            .find(|s| s.seg.start_step <= step && step < s.seg.start_step + s.steps())
+    }
+
+    /// World size and accumulation in force at `step`, or `None` past the end of the epoch.
+    pub fn layout_at(&self, step: u64) -> Option<Segment> {
+        self.segment_at(step).map(|s| s.seg)
+    }
+
+    /// Batch ids rank `rank` runs at optimizer step `step`: `grad_accum` entries, [`IDLE`] for
+    /// an idle slot. Empty past the end of the epoch or for a rank outside the world.
+    pub fn step_batches(&self, step: u64, rank: u32) -> &[u32] {
+        match self.segment_at(step) {
+            Some(s) if rank < s.seg.world_size => {
+                let g = s.seg.grad_accum as usize;
+                let k = (step - s.seg.start_step) as usize;
+                &s.row(rank)[k * g..(k + 1) * g]
+            }
+            _ => &[],
+        }
+    }
+
+    /// Every batch id rank `rank` runs from step `from` to the end of the epoch, in order.
+    pub fn rank_batches(&self, rank: u32, from: u64) -> Vec<u32> {
+        (from..self.steps()).flat_map(|s| self.step_batches(s, rank).to_vec()).collect()
+    }
+}
+
+fn check(
+    durations: &Durations<'_>,
+    languages: &[u16],
+    config: &SamplerConfig,
+    world_size: u32,
+    grad_accum: u32,
+) -> Result<(), PlanError> {
+    if durations.len() != languages.len() {
+        return Err(PlanError::LengthMismatch {
+            durations: durations.len(),
+            languages: languages.len(),
+        });
+    }
+    if durations.len() > u32::MAX as usize - 1 {
+        return Err(PlanError::Invalid("more than 2^32 - 2 utterances".into()));
+    }
+    if world_size == 0 || grad_accum == 0 {
+        return Err(PlanError::Invalid("world size and grad accumulation must be >= 1".into()));
+    }
+    if config.max_batch_seconds.is_nan() || config.max_batch_seconds <= 0.0 {
+        return Err(PlanError::Invalid(format!(
+            "max batch seconds {} must be > 0",
+            config.max_batch_seconds
+        )));
+    }
+    if config.boundaries.len() > 254
+        || config
+            .boundaries
+            .windows(2)
+            .any(|w| w[0].partial_cmp(&w[1]) != Some(std::cmp::Ordering::Less))
+        || config.boundaries.iter().any(|b| !b.is_finite())
+    {
+        return Err(PlanError::Invalid(
+            "bucket boundaries must be strictly ascending (at most 254)".into(),
+        ));
+    }
+    if !config.temperature.is_finite() {
+        return Err(PlanError::Invalid("temperature must be finite".into()));
+    }
+    Ok(())
+}
+
+/// Per-utterance sampling weight of each language id, as the Python sampler computes it:
+/// language weight `count^T` normalised in first-appearance order, divided by the language's
+/// actual share.
+pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
+    let mut counts = vec![0u64; 1 << 16];
+    let mut order: Vec<u16> = Vec::new();
+    for &l in languages {
+        if counts[l as usize] == 0 {
+            order.push(l);
+        }
+        counts[l as usize] += 1;
+    }
+    let total = languages.len() as f64;
+    let w = |c: u64| if temperature <= 0.0 { 1.0 } else { (c as f64).powf(temperature) };
+    // Python sums the dict's values in insertion (first-appearance) order; so do we, for
+    // bit-identical weights.
+    let ws: f64 = order.iter().map(|&l| w(counts[l as usize])).sum();
+    let mut weights = vec![0.0; 1 << 16];
+    for &l in &order {
+        let c = counts[l as usize];
+        let target = w(c) / ws;
+        let actual = c as f64 / total;
+        weights[l as usize] = target / actual;
+    }
+    weights
+}
+
+/// Buckets, orders and packs: returns (items, offsets, bucket per batch) in creation order.
+fn pack(
+    durations: &Durations<'_>,
+    languages: &[u16],
+    weights: &[f64],
+    config: &SamplerConfig,
+    rng: &mut PyRandom,
+) -> (Vec<u32>, Vec<u64>, Vec<u8>) {
+    let n = durations.len();
+    let nb = config.boundaries.len() + 1;
+    let bucket_of = |d: f64| config.boundaries.partition_point(|&b| b <= d);
+    // Counting sort of utterances by bucket, index order kept inside each bucket.
+    let mut counts = vec![0usize; nb];
+    let mut first_seen: Vec<usize> = Vec::new();
+    let mut b_of = Vec::with_capacity(n);
+    for i in 0..n {
+        let b = bucket_of(durations.get(i));
+        if counts[b] == 0 {
+            first_seen.push(b);
+        }
+        counts[b] += 1;
+        b_of.push(b as u8);
+    }
+    let mut start = vec![0usize; nb + 1];
+    for b in 0..nb {
+        start[b + 1] = start[b] + counts[b];
+    }
+    let mut grouped = vec![0u32; n];
+    let mut fill = start.clone();
+    for (i, &b) in b_of.iter().enumerate() {
+        grouped[fill[b as usize]] = i as u32;
+        fill[b as usize] += 1;
+    }
+    drop(b_of);
+
+    let mut items = Vec::with_capacity(n);
+    let mut offsets = vec![0u64];
+    let mut batch_bucket = Vec::new();
+    let mut keyed: Vec<u128> = Vec::new();
+    // Buckets in first-appearance order: Python iterates a dict filled in index order.
+    for &b in &first_seen {
+        let members = &grouped[start[b]..start[b + 1]];
+        keyed.clear();
+        keyed.reserve(members.len());
+        for &i in members {
+            let w = weights[languages[i as usize] as usize].max(1e-12);
+            let key = rng.random().powf(1.0 / w);
+            // Non-negative floats order like their bit patterns; (key, index) descending is
+            // Python's `sort(reverse=True)` on (key, index) tuples.
+            keyed.push((u128::from(key.to_bits()) << 32) | u128::from(i));
+        }
+        keyed.sort_unstable_by(|a, b| b.cmp(a));
+        let mut batch_seconds = 0.0f64;
+        let mut open = 0usize;
+        for &k in &keyed {
+            let i = k as u32;
+            let d = durations.get(i as usize);
+            if batch_seconds + d > config.max_batch_seconds && open > 0 {
+                offsets.push(items.len() as u64);
+                batch_bucket.push(b as u8);
+                batch_seconds = 0.0;
+                open = 0;
+            }
+            items.push(i);
+            open += 1;
+            batch_seconds += d;
+        }
+        if open > 0 {
+            offsets.push(items.len() as u64);
+            batch_bucket.push(b as u8);
+        }
+    }
+    (items, offsets, batch_bucket)
+}
+
+/// Seed of the permutation of a re-deal at `step` of `epoch`.
+fn mix(seed: u64, epoch: u64, step: u64) -> u64 {
+    let mut z =
+        seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) >> 1
+}

@@ -1,0 +1,18 @@
+//! `asrt` command-line entry point: parse, dispatch, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use asr_trainer::cli::{Cli, Command};
+use asr_trainer::commands;
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Plan(args) => commands::plan::run(args),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("asrt: error: {e:#}");
+        ExitCode::from(2)
+    })
+}
