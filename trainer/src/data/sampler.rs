@@ -154,9 +154,11 @@ impl SegmentPlan {
 pub struct EpochPlan {
     epoch: u64,
     config: SamplerConfig,
-    /// Utterance indices of every batch, batches in cost-descending order (batch id = position).
+    /// Utterance indices of every batch, grouped by bucket in packing order.
     items: Vec<u32>,
-    offsets: Vec<u64>,
+    /// Where batch `id` (its rank in cost-descending order) starts in `items`, and its length.
+    start: Vec<u64>,
+    size: Vec<u32>,
     /// `len(batch) * longest duration`, descending.
     cost: Vec<f64>,
     /// Longest duration of each batch, seconds.
@@ -181,40 +183,32 @@ impl EpochPlan {
         check(&durations, languages, config, world_size, grad_accum)?;
         let mut rng = PyRandom::new(config.seed.wrapping_add(epoch));
         let weights = language_weights(languages, config.temperature);
-        let (items, offsets, bucket) = pack(&durations, languages, &weights, config, &mut rng);
+        let packed = pack(&durations, languages, &weights, config, &mut rng);
 
-        // Sort batches by cost, descending; the sort is stable, as Python's is.
-        let n_batches = offsets.len() - 1;
-        let batch = |b: usize| &items[offsets[b] as usize..offsets[b + 1] as usize];
-        let longest_of =
-            |b: usize| batch(b).iter().map(|&i| durations.get(i as usize)).fold(f64::MIN, f64::max);
-        let mut by_cost: Vec<(f64, u32)> =
-            (0..n_batches).map(|b| (batch(b).len() as f64 * longest_of(b), b as u32)).collect();
+        // Sort batches by cost, descending; the sort is stable, as Python's is. Batches stay
+        // where packing put them: only the small per-batch arrays are reordered.
+        let n_batches = packed.start.len();
+        let mut by_cost: Vec<(f64, u32)> = (0..n_batches)
+            .map(|b| (f64::from(packed.size[b]) * packed.longest[b], b as u32))
+            .collect();
         by_cost.sort_by(|a, b| b.0.total_cmp(&a.0));
-
-        let mut sorted_items = Vec::with_capacity(items.len());
-        let mut sorted_offsets = Vec::with_capacity(offsets.len());
-        let mut cost = Vec::with_capacity(n_batches);
-        let mut longest = Vec::with_capacity(n_batches);
-        let mut sorted_bucket = Vec::with_capacity(n_batches);
-        sorted_offsets.push(0u64);
-        for &(c, b) in &by_cost {
-            sorted_items.extend_from_slice(batch(b as usize));
-            sorted_offsets.push(sorted_items.len() as u64);
-            cost.push(c);
-            longest.push(longest_of(b as usize));
-            sorted_bucket.push(bucket[b as usize]);
-        }
-        drop(items);
+        let pick = |b: &(f64, u32)| b.1 as usize;
+        let start = by_cost.iter().map(|b| packed.start[pick(b)]).collect();
+        let size = by_cost.iter().map(|b| packed.size[pick(b)]).collect();
+        let longest = by_cost.iter().map(|b| packed.longest[pick(b)]).collect();
+        let bucket = by_cost.iter().map(|b| packed.bucket[pick(b)]).collect();
+        let cost = by_cost.iter().map(|b| b.0).collect();
+        drop(by_cost);
 
         let mut plan = EpochPlan {
             epoch,
             config: config.clone(),
-            items: sorted_items,
-            offsets: sorted_offsets,
+            items: packed.items,
+            start,
+            size,
             cost,
             longest,
-            bucket: sorted_bucket,
+            bucket,
             segments: Vec::new(),
         };
         let first = plan.deal_first(world_size, grad_accum, &mut rng);
@@ -360,7 +354,7 @@ impl EpochPlan {
 
     /// Number of batches formed (before truncation and trimming).
     pub fn len(&self) -> usize {
-        self.offsets.len() - 1
+        self.start.len()
     }
 
     /// Whether no batch was formed.
@@ -370,7 +364,8 @@ impl EpochPlan {
 
     /// Utterance indices of batch `id` (ids are positions in cost-descending order).
     pub fn batch(&self, id: u32) -> &[u32] {
-        &self.items[self.offsets[id as usize] as usize..self.offsets[id as usize + 1] as usize]
+        let start = self.start[id as usize] as usize;
+        &self.items[start..start + self.size[id as usize] as usize]
     }
 
     /// `len * longest duration` of batch `id`.
@@ -503,14 +498,26 @@ pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
     weights
 }
 
-/// Buckets, orders and packs: returns (items, offsets, bucket per batch) in creation order.
+/// Batches in creation order, as packing makes them.
+struct Packed {
+    /// Utterances grouped by bucket, each bucket in key order.
+    items: Vec<u32>,
+    /// Start and length of each batch in `items`.
+    start: Vec<u64>,
+    size: Vec<u32>,
+    bucket: Vec<u8>,
+    /// Longest duration of each batch.
+    longest: Vec<f64>,
+}
+
+/// Buckets, orders and packs.
 fn pack(
     durations: &Durations<'_>,
     languages: &[u16],
     weights: &[f64],
     config: &SamplerConfig,
     rng: &mut PyRandom,
-) -> (Vec<u32>, Vec<u64>, Vec<u8>) {
+) -> Packed {
     let n = durations.len();
     let nb = config.boundaries.len() + 1;
     let bucket_of = |d: f64| config.boundaries.partition_point(|&b| b <= d);
@@ -530,24 +537,29 @@ fn pack(
     for b in 0..nb {
         start[b + 1] = start[b] + counts[b];
     }
-    let mut grouped = vec![0u32; n];
+    let mut items = vec![0u32; n];
     let mut fill = start.clone();
     for (i, &b) in b_of.iter().enumerate() {
-        grouped[fill[b as usize]] = i as u32;
+        items[fill[b as usize]] = i as u32;
         fill[b as usize] += 1;
     }
     drop(b_of);
 
-    let mut items = Vec::with_capacity(n);
-    let mut offsets = vec![0u64];
+    let mut batch_start = Vec::new();
+    let mut batch_size = Vec::new();
     let mut batch_bucket = Vec::new();
+    let mut longest = Vec::new();
     let mut keyed: Vec<u128> = Vec::new();
+    // Gather buffer: durations are read in key order a chunk at a time, as independent loads
+    // that overlap in the memory system (loads interleaved with the packing decisions would not).
+    const CHUNK: usize = 4096;
+    let mut ds = [0f64; CHUNK];
     // Buckets in first-appearance order: Python iterates a dict filled in index order.
     for &b in &first_seen {
-        let members = &grouped[start[b]..start[b + 1]];
+        let region = start[b]..start[b + 1];
         keyed.clear();
-        keyed.reserve(members.len());
-        for &i in members {
+        keyed.reserve(region.len());
+        for &i in &items[region.clone()] {
             let w = weights[languages[i as usize] as usize].max(1e-12);
             let key = rng.random().powf(1.0 / w);
             // Non-negative floats order like their bit patterns; (key, index) descending is
@@ -555,27 +567,39 @@ fn pack(
             keyed.push((u128::from(key.to_bits()) << 32) | u128::from(i));
         }
         keyed.sort_unstable_by(|a, b| b.cmp(a));
+        // The bucket's region of `items` is rewritten in key order, batch after batch.
+        let mut pos = region.start;
+        let mut open_at = pos;
         let mut batch_seconds = 0.0f64;
-        let mut open = 0usize;
-        for &k in &keyed {
-            let i = k as u32;
-            let d = durations.get(i as usize);
-            if batch_seconds + d > config.max_batch_seconds && open > 0 {
-                offsets.push(items.len() as u64);
-                batch_bucket.push(b as u8);
-                batch_seconds = 0.0;
-                open = 0;
+        let mut batch_longest = f64::MIN;
+        for chunk in keyed.chunks(CHUNK) {
+            for (d, &k) in ds.iter_mut().zip(chunk) {
+                *d = durations.get(k as u32 as usize);
             }
-            items.push(i);
-            open += 1;
-            batch_seconds += d;
+            for (&k, &d) in chunk.iter().zip(&ds) {
+                if batch_seconds + d > config.max_batch_seconds && pos > open_at {
+                    batch_start.push(open_at as u64);
+                    batch_size.push((pos - open_at) as u32);
+                    batch_bucket.push(b as u8);
+                    longest.push(batch_longest);
+                    open_at = pos;
+                    batch_seconds = 0.0;
+                    batch_longest = f64::MIN;
+                }
+                items[pos] = k as u32;
+                pos += 1;
+                batch_seconds += d;
+                batch_longest = batch_longest.max(d);
+            }
         }
-        if open > 0 {
-            offsets.push(items.len() as u64);
+        if pos > open_at {
+            batch_start.push(open_at as u64);
+            batch_size.push((pos - open_at) as u32);
             batch_bucket.push(b as u8);
+            longest.push(batch_longest);
         }
     }
-    (items, offsets, batch_bucket)
+    Packed { items, start: batch_start, size: batch_size, bucket: batch_bucket, longest }
 }
 
 /// Seed of the permutation of a re-deal at `step` of `epoch`.

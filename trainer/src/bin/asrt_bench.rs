@@ -1,0 +1,162 @@
+//! Benchmarks of the data feed (results and commands in bench/RESULTS.md):
+//!
+//! - `plan`: build an epoch plan for N synthetic utterances; median time and peak memory.
+//! - `startup CORPUS`: open a corpus and plan it; time and resident memory (anonymous vs mapped).
+//! - `batches CORPUS`: assemble every padded batch of an epoch on one thread from a page-cached
+//!   corpus; audio-seconds per second.
+//!
+//! Each prints one JSON object. Run one measurement per process so peak-memory figures are not
+//! mixed up.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use asr_corpus::Corpus;
+use asr_trainer::data::batcher::{assemble, AudioFormat};
+use asr_trainer::data::report::ShapeQuantum;
+use asr_trainer::data::sampler::{Durations, EpochPlan, SamplerConfig, IDLE};
+use asr_trainer::data::synthetic::lognormal_zipf;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Plan N synthetic utterances (log-normal durations, median 5 s, log-sd 0.6, clipped to
+    /// [0.5, 20] s; 12 languages with Zipf(1.1) shares).
+    Plan {
+        #[arg(long, default_value_t = 20_000_000)]
+        utterances: usize,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        #[arg(long, default_value_t = 8)]
+        world_size: u32,
+        /// Also write the inputs as DIR/durations.f64 and DIR/languages.u16 for the Python peer.
+        #[arg(long)]
+        write_inputs: Option<PathBuf>,
+    },
+    /// Open a corpus and plan it.
+    Startup { corpus: PathBuf },
+    /// Assemble every batch of an epoch from a corpus on this thread.
+    Batches {
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// f32 instead of i16 audio.
+        #[arg(long)]
+        f32: bool,
+    },
+}
+
+/// Resident memory of this process from /proc/self/status, in MiB: (total, anonymous, file
+/// mapped, peak).
+fn memory() -> (f64, f64, f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("RssAnon:"), field("RssFile:"), field("VmHWM:"))
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let out = match Args::parse().bench {
+        Bench::Plan { utterances, repeats, world_size, write_inputs } => {
+            let (d, l) = lognormal_zipf(utterances, 12, 7, 5.0);
+            if let Some(dir) = write_inputs {
+                std::fs::create_dir_all(&dir)?;
+                let bytes: Vec<u8> = d.iter().flat_map(|x| x.to_le_bytes()).collect();
+                std::fs::write(dir.join("durations.f64"), bytes)?;
+                let bytes: Vec<u8> = l.iter().flat_map(|x| x.to_le_bytes()).collect();
+                std::fs::write(dir.join("languages.u16"), bytes)?;
+            }
+            let (_, _, _, before) = memory();
+            let cfg = SamplerConfig::default();
+            let mut times = Vec::new();
+            let mut batches = 0;
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                let plan = EpochPlan::build(Durations::Seconds(&d), &l, &cfg, 0, world_size, 4)?;
+                times.push(t.elapsed().as_secs_f64());
+                batches = plan.len();
+            }
+            let (_, _, _, peak) = memory();
+            json!({
+                "bench": "plan", "utterances": utterances, "world_size": world_size,
+                "batches": batches, "seconds_median": median(times.clone()), "seconds_all": times,
+                "input_mib": before, "peak_mib": peak, "planner_peak_mib": peak - before,
+            })
+        }
+        Bench::Startup { corpus } => {
+            let (rss0, anon0, _, _) = memory();
+            let t = Instant::now();
+            let c =
+                Corpus::open(&corpus).with_context(|| format!("opening {}", corpus.display()))?;
+            let open_s = t.elapsed().as_secs_f64();
+            let (rss1, anon1, file1, _) = memory();
+            let t = Instant::now();
+            let durations = Durations::Samples { samples: c.num_samples(), rate: 16_000.0 };
+            let plan =
+                EpochPlan::build(durations, c.languages(), &SamplerConfig::default(), 0, 8, 4)?;
+            let plan_s = t.elapsed().as_secs_f64();
+            let (rss2, anon2, file2, peak) = memory();
+            json!({
+                "bench": "startup", "corpus": corpus, "utterances": c.len(), "file_bytes": c.as_bytes().len(),
+                "open_seconds": open_s, "plan_seconds": plan_s, "batches": plan.len(),
+                "rss_mib": {"start": rss0, "after_open": rss1, "after_plan": rss2, "peak": peak},
+                "anon_mib": {"start": anon0, "after_open": anon1, "after_plan": anon2},
+                "file_mapped_mib": {"after_open": file1, "after_plan": file2},
+            })
+        }
+        Bench::Batches { corpus, repeats, f32 } => {
+            let c = Corpus::open(&corpus)?;
+            let durations = Durations::Samples { samples: c.num_samples(), rate: 16_000.0 };
+            let plan =
+                EpochPlan::build(durations, c.languages(), &SamplerConfig::default(), 0, 1, 1)?;
+            let ids = plan.rank_batches(0, 0);
+            let format = if f32 { AudioFormat::F32 } else { AudioFormat::I16 };
+            // Warm-up pass: brings the corpus into the page cache.
+            let mut secs = 0.0;
+            for &b in &ids {
+                if b != IDLE {
+                    secs += assemble(&c, plan.batch(b), ShapeQuantum::default(), format).seconds;
+                }
+            }
+            let mut rates = Vec::new();
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                let mut checksum = 0u64;
+                for &b in &ids {
+                    if b != IDLE {
+                        let batch = assemble(&c, plan.batch(b), ShapeQuantum::default(), format);
+                        checksum = checksum.wrapping_add(batch.max_samples as u64);
+                    }
+                }
+                std::hint::black_box(checksum);
+                rates.push(secs / t.elapsed().as_secs_f64());
+            }
+            json!({
+                "bench": "batches", "corpus": corpus, "batches": ids.len(), "audio_seconds": secs,
+                "format": if f32 { "f32" } else { "i16" },
+                "audio_seconds_per_second_median": median(rates.clone()), "all": rates,
+            })
+        }
+    };
+    println!("{out}");
+    Ok(())
+}
