@@ -22,6 +22,7 @@ import bisect
 import json
 import math
 import random
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -134,7 +135,8 @@ def main():
         t0 = time.perf_counter()
         results.append(s.build())
         if a.time:
-            print(f"plan_seconds {time.perf_counter() - t0:.3f}", file=sys.stderr)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(f"plan_seconds {time.perf_counter() - t0:.3f} peak_rss_mib {peak:.0f}", file=sys.stderr)
     doc = results if a.all_ranks else results[0]
     if a.out:
         with open(a.out, "w") as f:

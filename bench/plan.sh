@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Epoch plan for N synthetic utterances: asrt's planner and the Python sampler it replaces, on the
+# same inputs, in one run. Usage: bash bench/plan.sh [N]   (default 20000000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+n="${1:-20000000}"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+cargo build --quiet --release -p asr-trainer --bin asrt-bench
+echo "== asrt planner (world size 8, grad accum 4, 3 runs)"
+"$CARGO_TARGET_DIR/release/asrt-bench" plan --utterances "$n" --repeats 3 --write-inputs "$dir"
+echo "== Python sampler, rank 0 of 8 (one rank's build; every rank repeats it)"
+python3 bench/python_sampler.py "$dir/durations.f64" "$dir/languages.u16" \
+  --world-size 8 --grad-accum 4 --time --out /dev/null
