@@ -5,3 +5,4 @@
 pub mod cli;
 pub mod commands;
 pub mod data;
+pub mod tdt;

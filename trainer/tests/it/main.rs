@@ -7,6 +7,7 @@ mod batches;
 mod parity;
 mod plan_cli;
 mod resume;
+mod tdt;
 
 /// Durations and languages as the benchmarks use them.
 pub fn synthetic(n: usize, n_langs: u16, seed: u64, median: f64) -> (Vec<f64>, Vec<u16>) {

@@ -1,0 +1,162 @@
+//! The TDT (or RNN-T) loss of a padded batch on the CPU, parallel over utterances, and NeMo's
+//! reductions.
+
+use rayon::prelude::*;
+
+use super::cpu::{rnnt_utterance, tdt_utterance, Dims};
+use super::{Reduction, TdtError, TdtOptions};
+
+/// A padded batch, row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchInput<'a> {
+    /// Logits `[batch, t_max, u_max + 1, vocab + n_dur]`.
+    pub logits: &'a [f32],
+    /// Utterances.
+    pub batch: usize,
+    /// Padded frames.
+    pub t_max: usize,
+    /// Padded target length.
+    pub u_max: usize,
+    /// Token classes including blank (blank is `vocab - 1`).
+    pub vocab: usize,
+    /// Duration classes.
+    pub n_dur: usize,
+    /// Targets `[batch, u_max]`; entries past an utterance's length are ignored.
+    pub targets: &'a [u32],
+    /// Valid frames per utterance.
+    pub frame_lens: &'a [usize],
+    /// Valid targets per utterance.
+    pub target_lens: &'a [usize],
+}
+
+/// Per-utterance costs and the gradient of each cost with respect to its own logits.
+#[derive(Debug, Clone)]
+pub struct BatchOutput {
+    /// `-log P(y|x)` per utterance (times `1 + fastemit_lambda` for TDT).
+    pub costs: Vec<f64>,
+    /// `d cost_b / d logits[b]`, same layout as the logits (zero on padding), if asked for.
+    pub grads: Option<Vec<f32>>,
+}
+
+impl BatchInput<'_> {
+    /// Checks shapes and lengths against each other and the options.
+    pub fn validate(&self, opts: &TdtOptions) -> Result<(), TdtError> {
+        let bad = |m: String| Err(TdtError::Shape(m));
+        if self.n_dur != opts.durations.len() {
+            return bad(format!(
+                "{} duration logits but {} durations",
+                self.n_dur,
+                opts.durations.len()
+            ));
+        }
+        if self.vocab < 2 {
+            return bad(format!("vocab {} must include blank and at least one token", self.vocab));
+        }
+        let block = self.t_max * (self.u_max + 1) * (self.vocab + self.n_dur);
+        if self.logits.len() != self.batch * block {
+            return bad(format!(
+                "logits have {} values, expected {} x {} x {} x {}",
+                self.logits.len(),
+                self.batch,
+                self.t_max,
+                self.u_max + 1,
+                self.vocab + self.n_dur
+            ));
+        }
+        if self.targets.len() != self.batch * self.u_max {
+            return bad(format!(
+                "targets have {} values, expected {} x {}",
+                self.targets.len(),
+                self.batch,
+                self.u_max
+            ));
+        }
+        if self.frame_lens.len() != self.batch || self.target_lens.len() != self.batch {
+            return bad("one frame length and one target length per utterance".into());
+        }
+        for b in 0..self.batch {
+            let (t, u) = (self.frame_lens[b], self.target_lens[b]);
+            if t == 0 || t > self.t_max || u > self.u_max {
+                return bad(format!(
+                    "utterance {b}: {t} frames and {u} targets do not fit 1..={} x 0..={}",
+                    self.t_max, self.u_max
+                ));
+            }
+            let row = &self.targets[b * self.u_max..b * self.u_max + u];
+            if let Some(p) = row.iter().position(|&y| y as usize >= self.vocab - 1) {
+                return bad(format!(
+                    "utterance {b}: target {p} is {}, expected a non-blank id < {}",
+                    row[p],
+                    self.vocab - 1
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Computes every utterance's cost (and gradient when `want_grad`), the TDT loss or, with
+/// `rnnt`, the standard RNN-T loss on the token logits. Parallel over utterances.
+pub fn loss(
+    input: &BatchInput<'_>,
+    opts: &TdtOptions,
+    rnnt: bool,
+    want_grad: bool,
+) -> Result<BatchOutput, TdtError> {
+    opts.validate()?;
+    input.validate(opts)?;
+    let block = input.t_max * (input.u_max + 1) * (input.vocab + input.n_dur);
+    let one = |b: usize, grad: Option<&mut [f32]>| {
+        let dims = Dims {
+            t_max: input.t_max,
+            u_max: input.u_max,
+            vocab: input.vocab,
+            n_dur: input.n_dur,
+            t: input.frame_lens[b],
+            u: input.target_lens[b],
+        };
+        let logits = &input.logits[b * block..(b + 1) * block];
+        let targets = &input.targets[b * input.u_max..b * input.u_max + dims.u];
+        let cost = if rnnt {
+            rnnt_utterance(logits, &dims, targets, grad)
+        } else {
+            tdt_utterance(logits, &dims, targets, opts, grad)
+        };
+        if opts.zero_infinity && !cost.is_finite() {
+            0.0
+        } else {
+            cost
+        }
+    };
+    if !want_grad {
+        let costs = (0..input.batch).into_par_iter().map(|b| one(b, None)).collect();
+        return Ok(BatchOutput { costs, grads: None });
+    }
+    let mut grads = vec![0f32; input.logits.len()];
+    let costs = grads
+        .par_chunks_mut(block.max(1))
+        .enumerate()
+        // An impossible utterance leaves its gradient at zero, so zero_infinity needs no more.
+        .map(|(b, g)| one(b, Some(g)))
+        .collect();
+    Ok(BatchOutput { costs, grads: Some(grads) })
+}
+
+/// The batch loss and each utterance's factor in it (`loss = sum_b factor_b * cost_b`), so the
+/// gradient of the loss is `factor_b * d cost_b / d logits[b]`.
+pub fn reduce(costs: &[f64], target_lens: &[usize], reduction: Reduction) -> (f64, Vec<f64>) {
+    let b = costs.len().max(1) as f64;
+    let factors: Vec<f64> = match reduction {
+        Reduction::Sum => vec![1.0; costs.len()],
+        Reduction::MeanBatch => vec![1.0 / b; costs.len()],
+        // NeMo divides by the target length; a zero length gives inf/NaN there. Here an
+        // utterance with no targets counts with length 1.
+        Reduction::Mean => target_lens.iter().map(|&u| 1.0 / (b * u.max(1) as f64)).collect(),
+        Reduction::MeanVolume => {
+            let total = target_lens.iter().sum::<usize>().max(1) as f64;
+            vec![1.0 / total; costs.len()]
+        }
+    };
+    let loss = costs.iter().zip(&factors).map(|(c, f)| c * f).sum();
+    (loss, factors)
+}

@@ -1,0 +1,329 @@
+//! CPU forward-backward of the TDT loss and of the standard RNN-T loss, one utterance at a time,
+//! in float64, with the closed-form gradients (no autodiff through the lattice).
+//!
+//! Logits of one utterance are a row-major `[t_max, u_max + 1, V + D]` block in NeMo's layout:
+//! `V - 1` non-blank token logits, the blank logit last among the tokens (id `V - 1`), then one
+//! logit per duration. The gradient block has the same layout and is zero outside `t < T`,
+//! `u <= U`.
+
+use super::TdtOptions;
+
+const NEG_INF: f64 = f64::NEG_INFINITY;
+
+/// `log(exp(a) + exp(b))` without overflow; `-inf` is the identity.
+#[inline]
+fn lae(a: f64, b: f64) -> f64 {
+    if a == NEG_INF {
+        return b;
+    }
+    if b == NEG_INF {
+        return a;
+    }
+    let (hi, lo) = if a > b { (a, b) } else { (b, a) };
+    hi + (lo - hi).exp().ln_1p()
+}
+
+/// Shape of one utterance's logits block and its valid lengths.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    /// Padded frames.
+    pub t_max: usize,
+    /// Padded target length (the block has `u_max + 1` rows).
+    pub u_max: usize,
+    /// Token classes including blank (blank id is `vocab - 1`).
+    pub vocab: usize,
+    /// Duration classes (0 for a plain RNN-T block).
+    pub n_dur: usize,
+    /// Valid frames, `1 <= t <= t_max`.
+    pub t: usize,
+    /// Valid targets, `u <= u_max`.
+    pub u: usize,
+}
+
+impl Dims {
+    /// Logits per lattice node.
+    pub fn width(&self) -> usize {
+        self.vocab + self.n_dur
+    }
+
+    /// Length of the whole block.
+    pub fn block_len(&self) -> usize {
+        self.t_max * (self.u_max + 1) * self.width()
+    }
+
+    #[inline]
+    fn at(&self, t: usize, u: usize) -> usize {
+        (t * (self.u_max + 1) + u) * self.width()
+    }
+}
+
+/// Per-node log-probabilities the recursions need: blank, the next target, and every duration.
+struct NodeProbs {
+    /// Token log-normaliser `logsumexp(z[0..V])` per node.
+    lse_tok: Vec<f64>,
+    /// Duration log-normaliser per node.
+    lse_dur: Vec<f64>,
+    blank: Vec<f64>,
+    label: Vec<f64>,
+    /// `[node][i]` duration log-probabilities.
+    dur: Vec<f64>,
+}
+
+fn log_softmax_denominator(z: &[f32]) -> f64 {
+    let max = z.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    if max == f32::NEG_INFINITY {
+        return NEG_INF;
+    }
+    // exp in f32 (vectorisable), accumulated in f64.
+    let s: f64 = z.iter().map(|&x| f64::from((x - max).exp())).sum();
+    f64::from(max) + s.ln()
+}
+
+/// `with_durations: false` skips the duration softmax (RNN-T reads token logits only).
+fn node_probs(logits: &[f32], dims: &Dims, targets: &[u32], with_durations: bool) -> NodeProbs {
+    let (t_n, u_n, v) = (dims.t, dims.u, dims.vocab);
+    let nd = if with_durations { dims.n_dur } else { 0 };
+    let nodes = t_n * (u_n + 1);
+    let mut p = NodeProbs {
+        lse_tok: Vec::with_capacity(nodes),
+        lse_dur: Vec::with_capacity(nodes),
+        blank: Vec::with_capacity(nodes),
+        label: Vec::with_capacity(nodes),
+        dur: Vec::with_capacity(nodes * nd),
+    };
+    for t in 0..t_n {
+        for u in 0..=u_n {
+            let z = &logits[dims.at(t, u)..dims.at(t, u) + dims.width()];
+            let lt = log_softmax_denominator(&z[..v]);
+            p.lse_tok.push(lt);
+            p.blank.push(f64::from(z[v - 1]) - lt);
+            p.label.push(if u < u_n { f64::from(z[targets[u] as usize]) - lt } else { NEG_INF });
+            if nd > 0 {
+                let ld = log_softmax_denominator(&z[v..v + nd]);
+                p.lse_dur.push(ld);
+                p.dur.extend(z[v..v + nd].iter().map(|&e| f64::from(e) - ld));
+            } else {
+                p.lse_dur.push(0.0);
+            }
+        }
+    }
+    p
+}
+
+/// TDT loss of one utterance; writes `d cost / d logits` into `grad` (same layout as `logits`)
+/// when given. Returns the cost `-log P(y|x) * (1 + fastemit_lambda)`, `+inf` when no
+/// alignment is possible (then the gradient is zero).
+pub fn tdt_utterance(
+    logits: &[f32],
+    dims: &Dims,
+    targets: &[u32],
+    opts: &TdtOptions,
+    grad: Option<&mut [f32]>,
+) -> f64 {
+    let (t_n, u_n, v, nd) = (dims.t, dims.u, dims.vocab, dims.n_dur);
+    let durs = &opts.durations;
+    let sigma = opts.sigma;
+    let p = node_probs(logits, dims, targets, true);
+    let node = |t: usize, u: usize| t * (u_n + 1) + u;
+    let wb =
+        |t: usize, u: usize, i: usize| p.blank[node(t, u)] - sigma + p.dur[node(t, u) * nd + i];
+    let wl =
+        |t: usize, u: usize, i: usize| p.label[node(t, u)] - sigma + p.dur[node(t, u) * nd + i];
+
+    let mut alpha = vec![NEG_INF; t_n * (u_n + 1)];
+    alpha[0] = 0.0;
+    for t in 0..t_n {
+        for u in 0..=u_n {
+            if t == 0 && u == 0 {
+                continue;
+            }
+            let mut a = NEG_INF;
+            for (i, &d) in durs.iter().enumerate() {
+                if d > t {
+                    continue;
+                }
+                if d > 0 {
+                    a = lae(a, alpha[node(t - d, u)] + wb(t - d, u, i));
+                }
+                if u > 0 {
+                    a = lae(a, alpha[node(t - d, u - 1)] + wl(t - d, u - 1, i));
+                }
+            }
+            alpha[node(t, u)] = a;
+        }
+    }
+    let mut log_p = NEG_INF;
+    for (i, &d) in durs.iter().enumerate() {
+        if d > 0 && d <= t_n {
+            log_p = lae(log_p, alpha[node(t_n - d, u_n)] + wb(t_n - d, u_n, i));
+        }
+    }
+
+    let Some(grad) = grad else {
+        return -log_p * (1.0 + opts.fastemit_lambda);
+    };
+    grad.fill(0.0);
+    if log_p == NEG_INF {
+        return f64::INFINITY;
+    }
+
+    let mut beta = vec![NEG_INF; t_n * (u_n + 1)];
+    for t in (0..t_n).rev() {
+        for u in (0..=u_n).rev() {
+            let mut b = NEG_INF;
+            for (i, &d) in durs.iter().enumerate() {
+                if d > 0 {
+                    if t + d < t_n {
+                        b = lae(b, wb(t, u, i) + beta[node(t + d, u)]);
+                    } else if t + d == t_n && u == u_n {
+                        b = lae(b, wb(t, u, i));
+                    }
+                }
+                if u < u_n && t + d < t_n {
+                    b = lae(b, wl(t, u, i) + beta[node(t + d, u + 1)]);
+                }
+            }
+            beta[node(t, u)] = b;
+        }
+    }
+
+    let lambda = opts.fastemit_lambda;
+    let mut occ_b = vec![0.0f64; nd];
+    let mut occ_l = vec![0.0f64; nd];
+    for t in 0..t_n {
+        for u in 0..=u_n {
+            let n = node(t, u);
+            let a = alpha[n];
+            let gamma = (a + beta[n] - log_p).exp();
+            if a == NEG_INF || gamma == 0.0 {
+                // Unreachable node or one that cannot complete: the row stays zero except for
+                // terms that are themselves zero.
+                continue;
+            }
+            for (i, &d) in durs.iter().enumerate() {
+                occ_b[i] = if d == 0 {
+                    0.0
+                } else if t + d < t_n {
+                    (a + wb(t, u, i) + beta[node(t + d, u)] - log_p).exp()
+                } else if t + d == t_n && u == u_n {
+                    (a + wb(t, u, i) - log_p).exp()
+                } else {
+                    0.0
+                };
+                occ_l[i] = if u < u_n && t + d < t_n {
+                    (a + wl(t, u, i) + beta[node(t + d, u + 1)] - log_p).exp()
+                } else {
+                    0.0
+                };
+            }
+            let sum_b: f64 = occ_b.iter().sum();
+            let e: f64 = occ_l.iter().sum();
+            let at = dims.at(t, u);
+            let row = &mut grad[at..at + dims.width()];
+            let z = &logits[at..at + dims.width()];
+            let lt = p.lse_tok[n];
+            // p_v * (gamma + lambda * E) for every token, then the blank and target terms.
+            let scale = gamma + if u < u_n { lambda * e } else { 0.0 };
+            for (g, &zv) in row[..v].iter_mut().zip(&z[..v]) {
+                *g = ((f64::from(zv) - lt).exp() * scale) as f32;
+            }
+            row[v - 1] = (f64::from(row[v - 1]) - sum_b) as f32;
+            if u < u_n {
+                let y = targets[u] as usize;
+                row[y] = (f64::from(row[y]) - (1.0 + lambda) * e) as f32;
+            }
+            if opts.clamp > 0.0 {
+                let c = opts.clamp as f32;
+                for g in &mut row[..v] {
+                    *g = g.clamp(-c, c);
+                }
+            }
+            let ld = p.lse_dur[n];
+            for (j, g) in row[v..].iter_mut().enumerate() {
+                let q = (f64::from(z[v + j]) - ld).exp();
+                *g = (q * gamma - (occ_b[j] + occ_l[j])) as f32;
+            }
+        }
+    }
+    -log_p * (1.0 + lambda)
+}
+
+/// Standard RNN-T loss of one utterance on the token logits only (the first `V` of each node;
+/// `dims.n_dur` duration logits, if any, are ignored and get zero gradient). Blank advances one
+/// frame, labels stay on the frame, no sigma. Returns `-log P`, `+inf` if impossible.
+pub fn rnnt_utterance(
+    logits: &[f32],
+    dims: &Dims,
+    targets: &[u32],
+    grad: Option<&mut [f32]>,
+) -> f64 {
+    let (t_n, u_n, v) = (dims.t, dims.u, dims.vocab);
+    let p = node_probs(logits, dims, targets, false);
+    let node = |t: usize, u: usize| t * (u_n + 1) + u;
+    let mut alpha = vec![NEG_INF; t_n * (u_n + 1)];
+    for t in 0..t_n {
+        for u in 0..=u_n {
+            alpha[node(t, u)] = if t == 0 && u == 0 {
+                0.0
+            } else {
+                let from_blank =
+                    if t > 0 { alpha[node(t - 1, u)] + p.blank[node(t - 1, u)] } else { NEG_INF };
+                let from_label =
+                    if u > 0 { alpha[node(t, u - 1)] + p.label[node(t, u - 1)] } else { NEG_INF };
+                lae(from_blank, from_label)
+            };
+        }
+    }
+    let log_p = alpha[node(t_n - 1, u_n)] + p.blank[node(t_n - 1, u_n)];
+    let Some(grad) = grad else {
+        return -log_p;
+    };
+    grad.fill(0.0);
+    if log_p == NEG_INF {
+        return f64::INFINITY;
+    }
+    let mut beta = vec![NEG_INF; t_n * (u_n + 1)];
+    for t in (0..t_n).rev() {
+        for u in (0..=u_n).rev() {
+            let n = node(t, u);
+            beta[n] = if t == t_n - 1 && u == u_n {
+                p.blank[n]
+            } else {
+                let via_blank =
+                    if t + 1 < t_n { p.blank[n] + beta[node(t + 1, u)] } else { NEG_INF };
+                let via_label = if u < u_n { p.label[n] + beta[node(t, u + 1)] } else { NEG_INF };
+                lae(via_blank, via_label)
+            };
+        }
+    }
+    for t in 0..t_n {
+        for u in 0..=u_n {
+            let n = node(t, u);
+            let a = alpha[n];
+            let gamma = (a + beta[n] - log_p).exp();
+            if a == NEG_INF || gamma == 0.0 {
+                continue;
+            }
+            let at = dims.at(t, u);
+            let row = &mut grad[at..at + v];
+            let z = &logits[at..at + v];
+            for (g, &zv) in row.iter_mut().zip(z) {
+                *g = ((f64::from(zv) - p.lse_tok[n]).exp() * gamma) as f32;
+            }
+            let blank_occ = if t == t_n - 1 && u == u_n {
+                (a + p.blank[n] - log_p).exp()
+            } else if t + 1 < t_n {
+                (a + p.blank[n] + beta[node(t + 1, u)] - log_p).exp()
+            } else {
+                0.0
+            };
+            row[v - 1] = (f64::from(row[v - 1]) - blank_occ) as f32;
+            if u < u_n {
+                let y = targets[u] as usize;
+                let label_occ = (a + p.label[n] + beta[node(t, u + 1)] - log_p).exp();
+                row[y] = (f64::from(row[y]) - label_occ) as f32;
+            }
+        }
+    }
+    -log_p
+}

@@ -1,0 +1,241 @@
+//! The TDT loss as a Burn operation.
+//!
+//! [`TdtBackend`] is the extension point: a backend computes per-utterance costs and, when asked,
+//! their gradients with respect to the logits. The CPU backend does it with the float64 recursions
+//! of `cpu.rs` (parallel over the batch); a CUDA kernel implements the same trait for the CUDA
+//! backend. On `Autodiff<B>` the operation registers a backward step that scales the gradient
+//! computed in the forward pass by the incoming gradient of each cost: the closed-form gradient,
+//! never autodiff through the T x U lattice.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Shape, Tensor, TensorData, TensorPrimitive};
+
+use super::batch::{self, BatchInput};
+use super::{TdtError, TdtOptions};
+
+/// Everything about a loss call except the logits: host-side targets and lengths (the data feed
+/// has them on the host already) and the options.
+#[derive(Debug, Clone)]
+pub struct TdtProblem {
+    /// Targets `[batch, u_max]`, row-major.
+    pub targets: Vec<u32>,
+    /// Padded target length.
+    pub u_max: usize,
+    /// Valid encoder frames per utterance.
+    pub frame_lens: Vec<usize>,
+    /// Valid targets per utterance.
+    pub target_lens: Vec<usize>,
+    /// Loss options (durations, sigma, FastEmit, clamp, ...).
+    pub options: TdtOptions,
+    /// Compute the standard RNN-T loss on the token logits instead (the `omega` branch).
+    pub rnnt: bool,
+}
+
+/// Backends that can compute the TDT loss.
+pub trait TdtBackend: Backend {
+    /// Per-utterance costs `[batch]` of logits `[batch, t_max, u_max + 1, V + D]`, and with
+    /// `want_grad` the gradient of each cost with respect to its utterance's logits (same shape
+    /// as the logits). On an autodiff backend the costs are differentiable and the returned
+    /// gradient is `None`.
+    fn tdt_forward(
+        logits: FloatTensor<Self>,
+        problem: &TdtProblem,
+        want_grad: bool,
+    ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError>;
+}
+
+/// Host implementation: copies the logits to the host, runs the CPU recursions, copies costs
+/// and gradients back. The CPU backend's implementation; a device backend's fallback until its
+/// kernel exists.
+pub fn host_forward<B: Backend>(
+    logits: FloatTensor<B>,
+    problem: &TdtProblem,
+    want_grad: bool,
+) -> Result<(FloatTensor<B>, Option<FloatTensor<B>>), TdtError> {
+    let logits: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(logits));
+    let [b, t_max, u1, width] = logits.dims();
+    let device = logits.device();
+    let n_dur = problem.options.durations.len();
+    if u1 != problem.u_max + 1 || width <= n_dur {
+        return Err(TdtError::Shape(format!(
+            "logits [{b}, {t_max}, {u1}, {width}] do not match u_max {} and {n_dur} durations",
+            problem.u_max
+        )));
+    }
+    let host: Vec<f32> = logits
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .map_err(|e| TdtError::Shape(format!("reading logits: {e:?}")))?;
+    let input = BatchInput {
+        logits: &host,
+        batch: b,
+        t_max,
+        u_max: problem.u_max,
+        vocab: width - n_dur,
+        n_dur,
+        targets: &problem.targets,
+        frame_lens: &problem.frame_lens,
+        target_lens: &problem.target_lens,
+    };
+    let out = batch::loss(&input, &problem.options, problem.rnnt, want_grad)?;
+    let costs: Vec<f32> = out.costs.iter().map(|&c| c as f32).collect();
+    let costs = Tensor::<B, 1>::from_data(TensorData::new(costs, [b]), &device);
+    let grads = out
+        .grads
+        .map(|g| Tensor::<B, 4>::from_data(TensorData::new(g, [b, t_max, u1, width]), &device));
+    Ok((costs.into_primitive().tensor(), grads.map(|g| g.into_primitive().tensor())))
+}
+
+impl TdtBackend for burn::backend::NdArray {
+    fn tdt_forward(
+        logits: FloatTensor<Self>,
+        problem: &TdtProblem,
+        want_grad: bool,
+    ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
+        host_forward::<Self>(logits, problem, want_grad)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl TdtBackend for burn::backend::Cuda {
+    fn tdt_forward(
+        logits: FloatTensor<Self>,
+        problem: &TdtProblem,
+        want_grad: bool,
+    ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
+        // Host fallback until the CUDA kernel lands: correct, but it copies the logits.
+        host_forward::<Self>(logits, problem, want_grad)
+    }
+}
+
+/// Backward step: `d loss / d logits[b] = (d loss / d cost_b) * d cost_b / d logits[b]`, with
+/// the second factor computed in the forward pass.
+#[derive(Debug)]
+struct TdtBackward;
+
+impl<B: Backend> Backward<B, 1> for TdtBackward {
+    /// The per-utterance gradients and the batch size.
+    type State = (FloatTensor<B>, usize);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [parent] = ops.parents;
+        let upstream = grads.consume::<B>(&ops.node);
+        let (per_utterance, batch) = ops.state;
+        if let Some(parent) = parent {
+            let scale = B::float_reshape(upstream, Shape::new([batch, 1, 1, 1]));
+            grads.register::<B>(parent.id, B::float_mul(per_utterance, scale));
+        }
+    }
+}
+
+impl<B: TdtBackend, C: CheckpointStrategy> TdtBackend for Autodiff<B, C> {
+    fn tdt_forward(
+        logits: FloatTensor<Self>,
+        problem: &TdtProblem,
+        _want_grad: bool,
+    ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
+        let batch = problem.frame_lens.len();
+        match TdtBackward.prepare::<C>([logits.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (costs, grads) = B::tdt_forward(logits.primitive, problem, true)?;
+                let grads =
+                    grads.ok_or_else(|| TdtError::Shape("backend returned no gradient".into()))?;
+                Ok((prep.finish((grads, batch), costs), None))
+            }
+            OpsKind::UnTracked(prep) => {
+                let (costs, _) = B::tdt_forward(logits.primitive, problem, false)?;
+                Ok((prep.finish(costs), None))
+            }
+        }
+    }
+}
+
+/// Per-utterance costs of `logits` `[batch, t_max, u_max + 1, V + D]`; differentiable on an
+/// autodiff backend.
+pub fn tdt_costs<B: TdtBackend>(
+    logits: Tensor<B, 4>,
+    problem: &TdtProblem,
+) -> Result<Tensor<B, 1>, TdtError> {
+    let (costs, _) = B::tdt_forward(logits.into_primitive().tensor(), problem, false)?;
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(costs)))
+}
+
+/// What one loss call computed.
+#[derive(Debug, Clone)]
+pub struct LossOutput<B: Backend> {
+    /// The reduced loss (a scalar tensor, differentiable on an autodiff backend).
+    pub loss: Tensor<B, 1>,
+    /// Per-utterance costs.
+    pub costs: Tensor<B, 1>,
+    /// Whether this call used the RNN-T branch (`omega`).
+    pub rnnt: bool,
+}
+
+/// The TDT loss with NeMo's `omega` mixing and reductions. The `omega` draw of call `n` is a
+/// pure function of `(seed, n)`, so a resumed run that restores `calls` draws the same branches.
+#[derive(Debug, Clone)]
+pub struct TdtLoss {
+    /// Loss options.
+    pub options: TdtOptions,
+    /// Seed of the `omega` draws.
+    pub seed: u64,
+    /// Loss calls made so far (checkpoint this to resume exactly).
+    pub calls: u64,
+}
+
+impl TdtLoss {
+    /// A loss with validated options.
+    pub fn new(options: TdtOptions, seed: u64) -> Result<TdtLoss, TdtError> {
+        options.validate()?;
+        Ok(TdtLoss { options, seed, calls: 0 })
+    }
+
+    /// Whether call `n` uses the RNN-T branch: a uniform draw from `(seed, n)` below `omega`.
+    pub fn rnnt_branch(&self, n: u64) -> bool {
+        let mut r =
+            asr_corpus::synth::SplitMix64::new(self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        r.next_f64() < self.options.omega
+    }
+
+    /// Computes the loss of a batch. `targets` is `[batch, u_max]` row-major.
+    pub fn forward<B: TdtBackend>(
+        &mut self,
+        logits: Tensor<B, 4>,
+        targets: &[u32],
+        frame_lens: &[usize],
+        target_lens: &[usize],
+    ) -> Result<LossOutput<B>, TdtError> {
+        let device = logits.device();
+        let u_max = logits.dims()[2] - 1;
+        let rnnt = self.rnnt_branch(self.calls);
+        self.calls += 1;
+        let problem = TdtProblem {
+            targets: targets.to_vec(),
+            u_max,
+            frame_lens: frame_lens.to_vec(),
+            target_lens: target_lens.to_vec(),
+            options: self.options.clone(),
+            rnnt,
+        };
+        let costs = tdt_costs(logits, &problem)?;
+        let (_, factors) =
+            batch::reduce(&vec![0.0; frame_lens.len()], target_lens, self.options.reduction);
+        let factors: Vec<f32> = factors.iter().map(|&f| f as f32).collect();
+        let factors =
+            Tensor::<B, 1>::from_data(TensorData::new(factors, [frame_lens.len()]), &device);
+        let loss = (costs.clone() * factors).sum();
+        Ok(LossOutput { loss, costs, rnnt })
+    }
+}
