@@ -43,6 +43,21 @@ enum Bench {
     },
     /// Open a corpus and plan it.
     Startup { corpus: PathBuf },
+    /// TDT loss forward + backward against one log-softmax pass over the same logits, on the
+    /// CPU backend (NdArray).
+    Tdt {
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        #[arg(long, default_value_t = 200)]
+        frames: usize,
+        #[arg(long, default_value_t = 60)]
+        targets: usize,
+        /// Token classes including blank.
+        #[arg(long, default_value_t = 1025)]
+        vocab: usize,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
     /// Assemble every batch of an epoch from a corpus on this thread.
     Batches {
         corpus: PathBuf,
@@ -124,6 +139,9 @@ fn main() -> anyhow::Result<()> {
                 "file_mapped_mib": {"after_open": file1, "after_plan": file2},
             })
         }
+        Bench::Tdt { batch, frames, targets, vocab, repeats } => {
+            tdt_bench(batch, frames, targets, vocab, repeats)?
+        }
         Bench::Batches { corpus, repeats, f32 } => {
             let c = Corpus::open(&corpus)?;
             let durations = Durations::Samples { samples: c.num_samples(), rate: 16_000.0 };
@@ -162,4 +180,93 @@ fn main() -> anyhow::Result<()> {
     };
     println!("{out}");
     Ok(())
+}
+
+fn tdt_bench(
+    b: usize,
+    t: usize,
+    u: usize,
+    v: usize,
+    repeats: usize,
+) -> anyhow::Result<serde_json::Value> {
+    use asr_corpus::synth::SplitMix64;
+    use asr_trainer::tdt::op::{tdt_costs, TdtLoss, TdtProblem};
+    use asr_trainer::tdt::TdtOptions;
+    use burn::backend::{Autodiff, NdArray};
+    use burn::tensor::{activation, Tensor, TensorData};
+
+    let options = TdtOptions { omega: 0.0, ..TdtOptions::default() };
+    let d = options.durations.len();
+    let shape = [b, t, u + 1, v + d];
+    let mut rng = SplitMix64::new(1);
+    let logits: Vec<f32> =
+        (0..shape.iter().product::<usize>()).map(|_| (rng.next_f64() * 6.0 - 3.0) as f32).collect();
+    let targets: Vec<u32> = (0..b * u).map(|_| rng.below(v as u64 - 1) as u32).collect();
+    // Ragged, as real batches are: lengths between half and all of the padded size.
+    let frame_lens: Vec<usize> = (0..b).map(|i| t - i * t / (2 * b)).collect();
+    let target_lens: Vec<usize> = (0..b).map(|i| u - i * u / (2 * b)).collect();
+    let device = Default::default();
+    let x = Tensor::<NdArray, 4>::from_data(TensorData::new(logits.clone(), shape), &device);
+
+    let mut softmax = Vec::new();
+    let mut plain = Vec::new();
+    let mut forward = Vec::new();
+    let mut fwd_bwd = Vec::new();
+    let problem = TdtProblem {
+        targets: targets.clone(),
+        u_max: u,
+        frame_lens: frame_lens.clone(),
+        target_lens: target_lens.clone(),
+        options: options.clone(),
+        rnnt: false,
+    };
+    for _ in 0..repeats.max(1) {
+        let s = Instant::now();
+        let y = activation::log_softmax(x.clone(), 3);
+        softmax.push(s.elapsed().as_secs_f64());
+        drop(std::hint::black_box(y));
+
+        // A second peer: a plain Rust log-softmax over the same rows, both cores.
+        let s = Instant::now();
+        let mut out = vec![0f32; logits.len()];
+        {
+            use rayon::prelude::*;
+            let w = v + d;
+            out.par_chunks_mut(w).zip(logits.par_chunks(w)).for_each(|(o, z)| {
+                let m = z.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let lse = m + z.iter().map(|&x| (x - m).exp()).sum::<f32>().ln();
+                o.iter_mut().zip(z).for_each(|(o, &x)| *o = x - lse);
+            });
+        }
+        plain.push(s.elapsed().as_secs_f64());
+        drop(std::hint::black_box(out));
+
+        let s = Instant::now();
+        let c = tdt_costs(x.clone(), &problem)?;
+        forward.push(s.elapsed().as_secs_f64());
+        drop(std::hint::black_box(c));
+
+        let xa = Tensor::<Autodiff<NdArray>, 4>::from_data(
+            TensorData::new(logits.clone(), shape),
+            &device,
+        )
+        .require_grad();
+        let mut loss = TdtLoss::new(options.clone(), 0)?;
+        let s = Instant::now();
+        let out = loss.forward(xa.clone(), &targets, &frame_lens, &target_lens)?;
+        let grads = out.loss.backward();
+        let g = xa.grad(&grads);
+        fwd_bwd.push(s.elapsed().as_secs_f64());
+        drop(std::hint::black_box(g));
+    }
+    let (sm, fw, fb) = (median(softmax.clone()), median(forward.clone()), median(fwd_bwd.clone()));
+    let pl = median(plain.clone());
+    Ok(json!({
+        "bench": "tdt", "shape": shape, "threads": rayon::current_num_threads(),
+        "log_softmax_seconds": sm, "tdt_forward_seconds": fw, "tdt_forward_backward_seconds": fb,
+        "plain_rust_log_softmax_seconds": pl,
+        "forward_backward_over_log_softmax": fb / sm,
+        "forward_backward_over_plain_log_softmax": fb / pl,
+        "all": {"log_softmax": softmax, "plain_log_softmax": plain, "forward": forward, "forward_backward": fwd_bwd},
+    }))
 }

@@ -50,17 +50,14 @@ pub trait TdtBackend: Backend {
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError>;
 }
 
-/// Host implementation: copies the logits to the host, runs the CPU recursions, copies costs
-/// and gradients back. The CPU backend's implementation; a device backend's fallback until its
-/// kernel exists.
-pub fn host_forward<B: Backend>(
-    logits: FloatTensor<B>,
+/// Runs the CPU recursions over host logits of shape `[batch, t_max, u_max + 1, width]`:
+/// per-utterance costs and, with `want_grad`, gradients in the logits' layout.
+fn run_on_host(
+    logits: &[f32],
+    [b, t_max, u1, width]: [usize; 4],
     problem: &TdtProblem,
     want_grad: bool,
-) -> Result<(FloatTensor<B>, Option<FloatTensor<B>>), TdtError> {
-    let logits: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(logits));
-    let [b, t_max, u1, width] = logits.dims();
-    let device = logits.device();
+) -> Result<(Vec<f32>, Option<Vec<f32>>), TdtError> {
     let n_dur = problem.options.durations.len();
     if u1 != problem.u_max + 1 || width <= n_dur {
         return Err(TdtError::Shape(format!(
@@ -68,13 +65,8 @@ pub fn host_forward<B: Backend>(
             problem.u_max
         )));
     }
-    let host: Vec<f32> = logits
-        .into_data()
-        .convert::<f32>()
-        .to_vec()
-        .map_err(|e| TdtError::Shape(format!("reading logits: {e:?}")))?;
     let input = BatchInput {
-        logits: &host,
+        logits,
         batch: b,
         t_max,
         u_max: problem.u_max,
@@ -85,20 +77,51 @@ pub fn host_forward<B: Backend>(
         target_lens: &problem.target_lens,
     };
     let out = batch::loss(&input, &problem.options, problem.rnnt, want_grad)?;
-    let costs: Vec<f32> = out.costs.iter().map(|&c| c as f32).collect();
-    let costs = Tensor::<B, 1>::from_data(TensorData::new(costs, [b]), &device);
-    let grads = out
-        .grads
-        .map(|g| Tensor::<B, 4>::from_data(TensorData::new(g, [b, t_max, u1, width]), &device));
+    Ok((out.costs.iter().map(|&c| c as f32).collect(), out.grads))
+}
+
+/// Host implementation for any backend: copies the logits to the host, runs the CPU
+/// recursions, copies costs and gradients back. A device backend's fallback until its kernel
+/// exists.
+pub fn host_forward<B: Backend>(
+    logits: FloatTensor<B>,
+    problem: &TdtProblem,
+    want_grad: bool,
+) -> Result<(FloatTensor<B>, Option<FloatTensor<B>>), TdtError> {
+    let logits: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(logits));
+    let dims = logits.dims();
+    let device = logits.device();
+    let host: Vec<f32> = logits
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .map_err(|e| TdtError::Shape(format!("reading logits: {e:?}")))?;
+    let (costs, grads) = run_on_host(&host, dims, problem, want_grad)?;
+    let costs = Tensor::<B, 1>::from_data(TensorData::new(costs, [dims[0]]), &device);
+    let grads = grads.map(|g| Tensor::<B, 4>::from_data(TensorData::new(g, dims), &device));
     Ok((costs.into_primitive().tensor(), grads.map(|g| g.into_primitive().tensor())))
 }
 
 impl TdtBackend for burn::backend::NdArray {
+    /// Reads the logits in place when they are contiguous f32 (no copy), and hands the
+    /// gradient buffer over without copying it either.
     fn tdt_forward(
         logits: FloatTensor<Self>,
         problem: &TdtProblem,
         want_grad: bool,
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
+        use burn::backend::ndarray::NdArrayTensor;
+        use burn::tensor::TensorMetadata;
+        let shape = logits.shape().dims::<4>();
+        if let NdArrayTensor::F32(storage) = &logits {
+            let dims = shape;
+            if let Some(slice) = storage.view().as_slice() {
+                let (costs, grads) = run_on_host(slice, dims, problem, want_grad)?;
+                let costs = NdArrayTensor::from_data(TensorData::new(costs, [dims[0]]));
+                let grads = grads.map(|g| NdArrayTensor::from_data(TensorData::new(g, dims)));
+                return Ok((costs, grads));
+            }
+        }
         host_forward::<Self>(logits, problem, want_grad)
     }
 }
