@@ -592,8 +592,21 @@ mod burn_op {
             options: TdtOptions::default(),
             rnnt: false,
         };
-        let costs: Vec<f32> = tdt_costs(x, &problem).unwrap().into_data().to_vec().unwrap();
+        let costs: Vec<f32> = tdt_costs(x.clone(), &problem).unwrap().into_data().to_vec().unwrap();
         assert_eq!(costs.len(), 3);
+        // The generic host path (what a device backend without a kernel uses) agrees with the
+        // in-place CPU path, costs and gradients.
+        use burn::tensor::TensorPrimitive;
+        let prim = || x.clone().into_primitive().tensor();
+        let (c1, g1) =
+            asr_trainer::tdt::op::host_forward::<NdArray>(prim(), &problem, true).unwrap();
+        let (c2, g2) =
+            <NdArray as asr_trainer::tdt::op::TdtBackend>::tdt_forward(prim(), &problem, true)
+                .unwrap();
+        let data = |p| Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(p)).into_data();
+        let data4 = |p| Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(p)).into_data();
+        assert_eq!(data(c1), data(c2));
+        assert_eq!(data4(g1.unwrap()), data4(g2.unwrap()));
         assert!(costs.iter().all(|c| c.is_finite() && *c > 0.0));
 
         // omega = 0.5: both branches occur, the same ones for the same seed and call number.
