@@ -539,13 +539,16 @@ mod burn_op {
         (logits, targets, [5, 2, 4], [3, 1, 0])
     }
 
-    #[test]
-    fn autodiff_backward_is_the_closed_form_gradient_times_the_reduction() {
+    /// The autodiff gradient equals the closed-form gradient times the reduction factor, on any
+    /// autodiff backend whose inner backend implements the TDT operation.
+    fn check_backward<B>(device: &B::Device)
+    where
+        B: burn::tensor::backend::AutodiffBackend + asr_trainer::tdt::op::TdtBackend,
+    {
         let (logits, targets, frames, lens) = case();
         let options =
             TdtOptions { omega: 0.0, reduction: Reduction::MeanVolume, ..TdtOptions::default() };
-        let device = Default::default();
-        let x = Tensor::<Ad, 4>::from_data(TensorData::new(logits.clone(), [3, 5, 4, 11]), &device)
+        let x = Tensor::<B, 4>::from_data(TensorData::new(logits.clone(), [3, 5, 4, 11]), device)
             .require_grad();
         let mut loss = TdtLoss::new(options.clone(), 7).unwrap();
         let out = loss.forward(x.clone(), &targets, &frames, &lens).unwrap();
@@ -574,6 +577,20 @@ mod burn_op {
             let want = f64::from(b) * factors[i / block];
             assert!((f64::from(a) - want).abs() < 1e-6, "logit {i}: {a} vs {want}");
         }
+    }
+
+    #[test]
+    fn autodiff_backward_is_the_closed_form_gradient_times_the_reduction() {
+        check_backward::<Ad>(&Default::default());
+    }
+
+    /// The same check on a GPU: run by hand on a machine with CUDA
+    /// (`cargo test -p asr-trainer --features cuda -- --ignored cuda`).
+    #[cfg(feature = "cuda")]
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn cuda_autodiff_backward_is_the_closed_form_gradient_times_the_reduction() {
+        check_backward::<Autodiff<burn::backend::Cuda>>(&Default::default());
     }
 
     #[test]
