@@ -168,18 +168,9 @@ impl Spool {
     }
 }
 
-/// The spooled sections, in write order (PCM, TOKENIZER and METADATA are not spooled).
-const SPOOLED: [SectionKind; 9] = [
-    SectionKind::NumSamples,
-    SectionKind::PcmOffsets,
-    SectionKind::TokenOffsets,
-    SectionKind::Languages,
-    SectionKind::Sources,
-    SectionKind::AudioHashes,
-    SectionKind::Tokens,
-    SectionKind::TextIndex,
-    SectionKind::TextBlocks,
-];
+/// The spooled sections, in write order: everything between PCM (streamed into the output
+/// directly) and TOKENIZER and METADATA (written from memory at the end).
+const SPOOLED: &[SectionKind] = SectionKind::WRITE_ORDER.split_at(1).1.split_at(9).0;
 
 enum Out {
     File { tmp: BufWriter<tempfile::NamedTempFile>, dest: PathBuf },
@@ -467,7 +458,7 @@ impl CorpusWriter {
         let path = self.path_for_errors.clone();
         let io = |source| WriteError::Io { action: "writing", path: path.clone(), source };
         let w = self.out.writer();
-        for (kind, spool) in SPOOLED.into_iter().zip(spools) {
+        for (&kind, spool) in SPOOLED.iter().zip(spools) {
             pos = pad(w, pos).map_err(io)?;
             entries.insert(kind, entry(kind, pos, spool.len, spool.hasher.digest()));
             pos += spool.len;

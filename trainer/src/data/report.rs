@@ -237,7 +237,8 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
         world_size: first.world_size,
         grad_accum: first.grad_accum,
         utterances: d.len() as u64,
-        hours: (0..d.len()).map(|i| d.get(i)).sum::<f64>() / 3600.0,
+        // `+ 0.0` turns the empty sum's -0.0 into 0.0.
+        hours: (0..d.len()).map(|i| d.get(i)).sum::<f64>() / 3600.0 + 0.0,
         batches_formed: plan.len() as u64,
         batches_used: used.iter().filter(|&&u| u).count() as u64,
         steps,

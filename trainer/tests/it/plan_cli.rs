@@ -88,6 +88,19 @@ fn plan_reports_and_lists_batches() {
 }
 
 #[test]
+fn empty_corpus_plans_to_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = corpus(dir.path(), 0);
+    let out = asrt(&["plan", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((r["steps"].as_u64(), r["hours"].as_f64()), (Some(0), Some(0.0)));
+    let text =
+        String::from_utf8_lossy(&asrt(&["plan", path.to_str().unwrap()]).stdout).into_owned();
+    assert!(text.contains("0 utterances, 0.00 h"), "{text}");
+}
+
+#[test]
 fn plan_errors_exit_2_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let path = corpus(dir.path(), 20);
