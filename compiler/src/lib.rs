@@ -4,4 +4,6 @@
 
 pub mod cli;
 pub mod commands;
+pub mod lang;
 pub mod output;
+pub mod text;

@@ -3,6 +3,8 @@
 // Test helpers outside #[test] functions may unwrap: a panic is the failure report.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod lang_rules;
+mod text_rules;
 mod validate;
 
 use std::path::{Path, PathBuf};
