@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(pkg-config)
+# sox and flac are the reference tools the audio tests compare against.
+apt_packages=(pkg-config sox flac)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

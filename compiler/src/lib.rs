@@ -2,6 +2,7 @@
 //! validates corpora. The binary in `main.rs` is a thin shell over the commands here.
 #![forbid(unsafe_code)]
 
+pub mod audio;
 pub mod cli;
 pub mod commands;
 pub mod lang;

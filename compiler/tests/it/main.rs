@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod lang_rules;
+mod resample;
 mod text_rules;
 mod validate;
 

@@ -1,0 +1,3 @@
+//! Audio: FLAC decoding (later) and resampling to the corpus rate.
+
+pub mod resample;
