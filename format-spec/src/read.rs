@@ -459,7 +459,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
     if cfg!(target_endian = "big") {
         return Err(FormatError::UnsupportedHost);
     }
-    if (bytes.as_ptr() as usize) % 8 != 0 {
+    if !(bytes.as_ptr() as usize).is_multiple_of(8) {
         return Err(FormatError::Misaligned { address: bytes.as_ptr() as usize });
     }
     let format_version = le_u32(h, ho::FORMAT_VERSION);
