@@ -1,3 +1,4 @@
-//! Audio: FLAC decoding (later) and resampling to the corpus rate.
+//! Audio: FLAC decoding and resampling to the corpus rate.
 
+pub mod decode;
 pub mod resample;

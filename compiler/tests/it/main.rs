@@ -3,6 +3,7 @@
 // Test helpers outside #[test] functions may unwrap: a panic is the failure report.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod decode;
 mod lang_rules;
 mod resample;
 mod text_rules;
