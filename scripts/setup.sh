@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# sox and flac are the reference tools the audio tests compare against.
-apt_packages=(pkg-config sox flac)
+# libsentencepiece-dev is linked through pkg-config; sox, flac and sentencepiece (spm_train,
+# spm_encode) are the reference tools the tests compare against.
+apt_packages=(pkg-config libsentencepiece-dev sentencepiece sox flac)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -8,3 +8,4 @@ pub mod commands;
 pub mod lang;
 pub mod output;
 pub mod text;
+pub mod tokenize;

@@ -7,6 +7,7 @@ mod decode;
 mod lang_rules;
 mod resample;
 mod text_rules;
+mod tokenize;
 mod validate;
 
 use std::path::{Path, PathBuf};
