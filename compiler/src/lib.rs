@@ -5,6 +5,7 @@
 pub mod audio;
 pub mod cli;
 pub mod commands;
+pub mod dedup;
 pub mod lang;
 pub mod output;
 pub mod text;
