@@ -7,6 +7,7 @@ pub mod cli;
 pub mod commands;
 pub mod dedup;
 pub mod lang;
+pub mod manifest;
 pub mod output;
 pub mod text;
 pub mod tokenize;

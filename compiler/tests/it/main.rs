@@ -5,6 +5,7 @@
 
 mod decode;
 mod lang_rules;
+mod manifest;
 mod resample;
 mod text_rules;
 mod tokenize;
