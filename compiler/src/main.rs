@@ -10,6 +10,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Validate(args) => commands::validate::run(args),
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Dump(args) => commands::dump::run(args),
     };
     match result {
         Ok(code) => code,

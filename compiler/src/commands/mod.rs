@@ -1,3 +1,5 @@
 //! One module per subcommand; each exposes `run(args) -> anyhow::Result<ExitCode>`.
 
+pub mod dump;
+pub mod inspect;
 pub mod validate;

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod decode;
+mod inspect_dump;
 mod lang_rules;
 mod manifest;
 mod resample;
