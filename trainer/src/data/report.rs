@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::sampler::{Durations, EpochPlan, SamplerConfig, IDLE};
+use super::sampler::{target_shares, Durations, EpochPlan, SamplerConfig, IDLE};
 
 /// Padding granularity: padded shapes are rounded up to these multiples (0: no rounding).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
@@ -271,16 +271,12 @@ fn language_shares(
     early_counts: &[u64],
     early_total: u64,
 ) -> Vec<LanguageReport> {
-    let mut counts = vec![0u64; 1 << 16];
+    let (targets, counts) = target_shares(input.languages, config.temperature);
     let mut secs = vec![0.0f64; 1 << 16];
     for (i, &l) in input.languages.iter().enumerate() {
-        counts[l as usize] += 1;
         secs[l as usize] += input.durations.get(i);
     }
     let present: Vec<usize> = (0..counts.len()).filter(|&l| counts[l] > 0).collect();
-    let w =
-        |c: u64| if config.temperature <= 0.0 { 1.0 } else { (c as f64).powf(config.temperature) };
-    let ws: f64 = present.iter().map(|&l| w(counts[l])).sum();
     let n = input.languages.len() as f64;
     let mut out: Vec<LanguageReport> = present
         .iter()
@@ -289,7 +285,7 @@ fn language_shares(
             utterances: counts[l],
             hours: secs[l] / 3600.0,
             corpus_share: counts[l] as f64 / n,
-            target_share: w(counts[l]) / ws,
+            target_share: targets[l],
             early_share: fraction(early_counts[l], early_total),
         })
         .collect();

@@ -471,10 +471,10 @@ fn check(
     Ok(())
 }
 
-/// Per-utterance sampling weight of each language id, as the Python sampler computes it:
-/// language weight `count^T` normalised in first-appearance order, divided by the language's
-/// actual share.
-pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
+/// Target share of each language id after temperature: `count^T` normalised (every present
+/// language 1 when `T <= 0`), 0 for absent ids. The sum runs in first-appearance order, as the
+/// Python sampler sums its dict, so the shares are bit-identical to its.
+pub fn target_shares(languages: &[u16], temperature: f64) -> (Vec<f64>, Vec<u64>) {
     let mut counts = vec![0u64; 1 << 16];
     let mut order: Vec<u16> = Vec::new();
     for &l in languages {
@@ -483,17 +483,24 @@ pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
         }
         counts[l as usize] += 1;
     }
-    let total = languages.len() as f64;
     let w = |c: u64| if temperature <= 0.0 { 1.0 } else { (c as f64).powf(temperature) };
-    // Python sums the dict's values in insertion (first-appearance) order; so do we, for
-    // bit-identical weights.
     let ws: f64 = order.iter().map(|&l| w(counts[l as usize])).sum();
-    let mut weights = vec![0.0; 1 << 16];
+    let mut shares = vec![0.0; 1 << 16];
     for &l in &order {
-        let c = counts[l as usize];
-        let target = w(c) / ws;
-        let actual = c as f64 / total;
-        weights[l as usize] = target / actual;
+        shares[l as usize] = w(counts[l as usize]) / ws;
+    }
+    (shares, counts)
+}
+
+/// Per-utterance sampling weight of each language id, as the Python sampler computes it: the
+/// language's target share (see [`target_shares`]) divided by its actual share.
+pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
+    let (mut weights, counts) = target_shares(languages, temperature);
+    let total = languages.len() as f64;
+    for (w, &c) in weights.iter_mut().zip(&counts) {
+        if c > 0 {
+            *w /= c as f64 / total;
+        }
     }
     weights
 }

@@ -142,21 +142,27 @@ pub fn loss(
     Ok(BatchOutput { costs, grads: Some(grads) })
 }
 
-/// The batch loss and each utterance's factor in it (`loss = sum_b factor_b * cost_b`), so the
-/// gradient of the loss is `factor_b * d cost_b / d logits[b]`.
-pub fn reduce(costs: &[f64], target_lens: &[usize], reduction: Reduction) -> (f64, Vec<f64>) {
-    let b = costs.len().max(1) as f64;
-    let factors: Vec<f64> = match reduction {
-        Reduction::Sum => vec![1.0; costs.len()],
-        Reduction::MeanBatch => vec![1.0 / b; costs.len()],
+/// Each utterance's factor in the batch loss (`loss = sum_b factor_b * cost_b`), so the
+/// gradient of the loss is `factor_b * d cost_b / d logits[b]`. One entry per target length.
+pub fn reduction_factors(target_lens: &[usize], reduction: Reduction) -> Vec<f64> {
+    let n = target_lens.len();
+    let b = n.max(1) as f64;
+    match reduction {
+        Reduction::Sum => vec![1.0; n],
+        Reduction::MeanBatch => vec![1.0 / b; n],
         // NeMo divides by the target length; a zero length gives inf/NaN there. Here an
         // utterance with no targets counts with length 1.
         Reduction::Mean => target_lens.iter().map(|&u| 1.0 / (b * u.max(1) as f64)).collect(),
         Reduction::MeanVolume => {
             let total = target_lens.iter().sum::<usize>().max(1) as f64;
-            vec![1.0 / total; costs.len()]
+            vec![1.0 / total; n]
         }
-    };
+    }
+}
+
+/// The batch loss of per-utterance `costs` and each utterance's factor in it.
+pub fn reduce(costs: &[f64], target_lens: &[usize], reduction: Reduction) -> (f64, Vec<f64>) {
+    let factors = reduction_factors(target_lens, reduction);
     let loss = costs.iter().zip(&factors).map(|(c, f)| c * f).sum();
     (loss, factors)
 }

@@ -253,9 +253,10 @@ impl TdtLoss {
             rnnt,
         };
         let costs = tdt_costs(logits, &problem)?;
-        let (_, factors) =
-            batch::reduce(&vec![0.0; frame_lens.len()], target_lens, self.options.reduction);
-        let factors: Vec<f32> = factors.iter().map(|&f| f as f32).collect();
+        let factors: Vec<f32> = batch::reduction_factors(target_lens, self.options.reduction)
+            .iter()
+            .map(|&f| f as f32)
+            .collect();
         let factors =
             Tensor::<B, 1>::from_data(TensorData::new(factors, [frame_lens.len()]), &device);
         let loss = (costs.clone() * factors).sum();
