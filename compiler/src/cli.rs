@@ -16,6 +16,27 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Compile a manifest (or raw shard tables) into one corpus file: clean transcripts, fix
+    /// language labels, drop duplicates and broken audio, decode FLAC, downmix, resample to
+    /// 16 kHz, tokenize, write.
+    ///
+    /// Rejected rows are data, not failures: each is listed with its reason in
+    /// <CORPUS>.report.jsonl and counted in <CORPUS>.report.json, and the exit status is 0
+    /// unless more than --max-reject-fraction of the rows were dropped (then 1; the corpus and
+    /// the report are still written). Exit status 2: the input, the tokenizer or the output
+    /// cannot be used (the message names the file and, for a schema problem, the column).
+    #[command(after_help = "Examples:\n  \
+        asrc compile manifest.parquet --tokenizer spm.model -o corpus.asrcorpus\n  \
+        asrc compile --shards /data/raw --tokenizer spm.model -o corpus.asrcorpus \\\n      \
+        --min-duration 0.5 --max-duration 20 --min-quality 0.8\n  \
+        asrc compile manifest.parquet --tokenizer spm.model -o c.asrcorpus --max-reject-fraction 0.01\n\n\
+        Reasons a row is dropped: null_segment_id, duplicate_row, reused_segment_id,\n  \
+        duplicate_audio, filtered_duration, filtered_quality, null_text, empty_text, no_language,\n  \
+        no_audio_index, missing_file, not_flac, corrupt_flac, truncated_flac, no_samples,\n  \
+        unsupported_audio, tokenize_error, unstorable.\n\
+        Kept rows may be retagged (language changed) or flagged: unknown_language, tag_mismatch,\n  \
+        duration_mismatch, truncated_tokens.")]
+    Compile(Box<CompileArgs>),
     /// Check that a corpus file is valid: structure, every checksum, every cross-reference.
     ///
     /// Exit status: 0 when the corpus is valid, 1 when it is not (the message names the section,
@@ -85,4 +106,67 @@ mod tests {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
     }
+}
+
+/// Arguments of `asrc compile`.
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    /// Training-ready manifest (parquet: segment_id, shard_id, text, duration, lang,
+    /// tar_member_name, tar_path, source). The audio of a row is dirname(tar_path)/tar_member_name.
+    #[arg(value_name = "MANIFEST", value_hint = ValueHint::FilePath, required_unless_present = "shards", conflicts_with = "shards")]
+    pub manifest: Option<PathBuf>,
+    /// Read the raw shard layout instead: every directory below DIR holding metadata.parquet
+    /// and audio_index.parquet (joined on segment_id), with the FLAC files beside them.
+    #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
+    pub shards: Option<PathBuf>,
+    /// Corpus file to write (atomically: a failed compile leaves nothing behind).
+    #[arg(short, long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub output: PathBuf,
+    /// SentencePiece model; it is embedded in the corpus.
+    #[arg(long, value_name = "MODEL", value_hint = ValueHint::FilePath)]
+    pub tokenizer: PathBuf,
+    /// Base directory for relative audio paths (default: the manifest's directory).
+    #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
+    pub audio_root: Option<PathBuf>,
+    /// Tokenize `<|lang|> text` (the pipeline's form) or the text alone. `auto`: the prefix
+    /// when the model has the tag as one piece.
+    #[arg(long, value_enum, default_value_t = crate::tokenize::LangPrefix::Auto)]
+    pub lang_prefix: crate::tokenize::LangPrefix,
+    /// Cut token sequences at this length (counted in the report as truncated_tokens).
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Drop rows whose claimed duration is below this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub min_duration: Option<f64>,
+    /// Drop rows whose claimed duration is above this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub max_duration: Option<f64>,
+    /// Drop rows whose tx_quality_score is below this (--shards input only).
+    #[arg(long, value_name = "SCORE")]
+    pub min_quality: Option<f64>,
+    /// Flag rows whose claimed duration differs from the decoded audio by more than this.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.2)]
+    pub duration_tolerance: f64,
+    /// Keep every row's (normalised) language label; do not retag from the transcript.
+    #[arg(long)]
+    pub no_retag: bool,
+    /// Exit 1 when more than this fraction of the rows is dropped.
+    #[arg(long, value_name = "FRACTION")]
+    pub max_reject_fraction: Option<f64>,
+    /// Worker threads for decoding, resampling and tokenizing (default: all cores).
+    #[arg(short, long)]
+    pub jobs: Option<usize>,
+    /// Rows read and processed together (bounds memory: one chunk of decoded audio).
+    #[arg(long, default_value_t = 256, hide_short_help = true)]
+    pub chunk_rows: usize,
+    /// Source name for rows of a --shards input (default: the directory's name).
+    #[arg(long, value_name = "NAME")]
+    pub source: Option<String>,
+    /// Summary report path (default: <CORPUS>.report.json); the row list goes to the same
+    /// path with .jsonl.
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]
+    pub report: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(short, long)]
+    pub quiet: bool,
 }

@@ -5,9 +5,11 @@
 pub mod audio;
 pub mod cli;
 pub mod commands;
+pub mod compile;
 pub mod dedup;
 pub mod lang;
 pub mod manifest;
 pub mod output;
+pub mod shards;
 pub mod text;
 pub mod tokenize;

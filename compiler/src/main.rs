@@ -9,6 +9,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Compile(args) => commands::compile::run(args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Dump(args) => commands::dump::run(args),

@@ -84,6 +84,11 @@ pub struct ManifestRow {
     pub source: Option<String>,
     /// Duration in seconds, as the manifest claims.
     pub duration: Option<f64>,
+    /// Transcript quality score (raw shard layout only).
+    pub quality: Option<f64>,
+    /// Directory holding the audio file, when the source knows it directly (raw shard layout);
+    /// otherwise the audio is in `dirname(tar_path)`.
+    pub audio_dir: Option<PathBuf>,
 }
 
 impl ManifestRow {
@@ -99,6 +104,8 @@ impl ManifestRow {
             s(&self.tar_path),
             s(&self.source),
             self.duration.map(|d| d.to_string()).unwrap_or_default(),
+            self.quality.map(|q| q.to_string()).unwrap_or_default(),
+            self.audio_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
         ]
     }
 
@@ -106,6 +113,10 @@ impl ManifestRow {
     /// `base` (the manifest's directory, or `--audio-root`).
     pub fn audio_path(&self, base: &Path) -> Option<PathBuf> {
         let member = self.tar_member_name.as_deref().filter(|m| !m.is_empty())?;
+        if let Some(dir) = &self.audio_dir {
+            let p = dir.join(member);
+            return Some(if p.is_absolute() { p } else { base.join(p) });
+        }
         let dir =
             self.tar_path.as_deref().and_then(|t| Path::new(t).parent()).unwrap_or(Path::new(""));
         let p = dir.join(member);
@@ -131,37 +142,59 @@ impl std::fmt::Debug for ManifestReader {
     }
 }
 
-fn check_schema(path: &Path, schema: &Schema) -> Result<(), ManifestError> {
-    let present =
-        || schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ");
-    let find = |column: &'static str| {
-        schema.field_with_name(column).map_err(|_| ManifestError::MissingColumn {
+/// Checks that `column` exists and holds strings.
+pub(crate) fn require_string(
+    path: &Path,
+    schema: &Schema,
+    column: &'static str,
+) -> Result<(), ManifestError> {
+    let f = find_column(path, schema, column)?;
+    if !matches!(f.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+        return Err(ManifestError::ColumnType {
             path: path.to_path_buf(),
             column,
-            present: present(),
-        })
-    };
-    for column in STRING_COLUMNS {
-        let f = find(column)?;
-        if !matches!(f.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
-            return Err(ManifestError::ColumnType {
-                path: path.to_path_buf(),
-                column,
-                expected: "a string (Utf8, LargeUtf8 or Utf8View)",
-                found: f.data_type().to_string(),
-            });
-        }
+            expected: "a string (Utf8, LargeUtf8 or Utf8View)",
+            found: f.data_type().to_string(),
+        });
     }
-    let f = find(DURATION_COLUMN)?;
+    Ok(())
+}
+
+/// Checks that `column` exists and holds floating-point numbers.
+pub(crate) fn require_float(
+    path: &Path,
+    schema: &Schema,
+    column: &'static str,
+) -> Result<(), ManifestError> {
+    let f = find_column(path, schema, column)?;
     if !matches!(f.data_type(), DataType::Float64 | DataType::Float32) {
         return Err(ManifestError::ColumnType {
             path: path.to_path_buf(),
-            column: DURATION_COLUMN,
+            column,
             expected: "a float (Float64 or Float32)",
             found: f.data_type().to_string(),
         });
     }
     Ok(())
+}
+
+fn find_column<'s>(
+    path: &Path,
+    schema: &'s Schema,
+    column: &'static str,
+) -> Result<&'s arrow::datatypes::Field, ManifestError> {
+    schema.field_with_name(column).map_err(|_| ManifestError::MissingColumn {
+        path: path.to_path_buf(),
+        column,
+        present: schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+    })
+}
+
+fn check_schema(path: &Path, schema: &Schema) -> Result<(), ManifestError> {
+    for column in STRING_COLUMNS {
+        require_string(path, schema, column)?;
+    }
+    require_float(path, schema, DURATION_COLUMN)
 }
 
 impl ManifestReader {
@@ -198,7 +231,7 @@ impl ManifestReader {
 }
 
 /// Reads a string column's value at `i` whatever its string layout.
-fn string_at(col: &dyn Array, i: usize) -> Option<String> {
+pub(crate) fn string_at(col: &dyn Array, i: usize) -> Option<String> {
     if col.is_null(i) {
         return None;
     }
@@ -210,6 +243,18 @@ fn string_at(col: &dyn Array, i: usize) -> Option<String> {
     }
 }
 
+/// Reads a float column's value at `i` (Float64 or Float32).
+pub(crate) fn float_at(col: &dyn Array, i: usize) -> Option<f64> {
+    if col.is_null(i) {
+        return None;
+    }
+    match col.data_type() {
+        DataType::Float64 => Some(col.as_primitive::<Float64Type>().value(i)),
+        DataType::Float32 => Some(f64::from(col.as_primitive::<Float32Type>().value(i))),
+        _ => None,
+    }
+}
+
 fn rows_of(batch: &RecordBatch, first_row: u64) -> Vec<ManifestRow> {
     let col = |name: &str| batch.column_by_name(name);
     let strings: Vec<_> = STRING_COLUMNS.iter().map(|c| col(c)).collect();
@@ -217,16 +262,6 @@ fn rows_of(batch: &RecordBatch, first_row: u64) -> Vec<ManifestRow> {
     (0..batch.num_rows())
         .map(|i| {
             let s = |k: usize| strings[k].and_then(|c| string_at(c.as_ref(), i));
-            let duration = duration.and_then(|c| {
-                if c.is_null(i) {
-                    return None;
-                }
-                match c.data_type() {
-                    DataType::Float64 => Some(c.as_primitive::<Float64Type>().value(i)),
-                    DataType::Float32 => Some(f64::from(c.as_primitive::<Float32Type>().value(i))),
-                    _ => None,
-                }
-            });
             ManifestRow {
                 row: first_row + i as u64,
                 segment_id: s(0),
@@ -236,7 +271,9 @@ fn rows_of(batch: &RecordBatch, first_row: u64) -> Vec<ManifestRow> {
                 tar_member_name: s(4),
                 tar_path: s(5),
                 source: s(6),
-                duration,
+                duration: duration.and_then(|c| float_at(c.as_ref(), i)),
+                quality: None,
+                audio_dir: None,
             }
         })
         .collect()

@@ -76,8 +76,18 @@ impl Resampler {
         let input =
             InterleavedSlice::new(samples, 1, samples.len()).map_err(|e| err(e.to_string()))?;
         let out = r.process_all(&input, samples.len(), None).map_err(|e| err(e.to_string()))?;
-        Ok(out.take_data())
+        let mut data = out.take_data();
+        // rubato rounds the output length up; the corpus stores the nearest whole number of
+        // samples, as sox does: round(n * 16000 / rate).
+        data.truncate(output_len(samples.len(), rate));
+        Ok(data)
     }
+}
+
+/// Samples at 16 kHz for `n` samples at `rate`, rounded to nearest.
+pub fn output_len(n: usize, rate: u32) -> usize {
+    let (n, rate) = (n as u128, u128::from(rate));
+    ((n * u128::from(TARGET_RATE) + rate / 2) / rate) as usize
 }
 
 /// Input chunk size for the FFT resampler: at least 2048 frames (a longer FFT is a longer

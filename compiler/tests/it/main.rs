@@ -3,6 +3,7 @@
 // Test helpers outside #[test] functions may unwrap: a panic is the failure report.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod compile;
 mod decode;
 mod inspect_dump;
 mod lang_rules;

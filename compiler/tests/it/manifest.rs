@@ -11,7 +11,7 @@ use arrow::datatypes::{Field, Schema};
 use asr_compiler::manifest::{ManifestError, ManifestReader, ManifestRow};
 use parquet::arrow::ArrowWriter;
 
-fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+pub fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) {
     let schema = Arc::new(Schema::new(
         columns
             .iter()

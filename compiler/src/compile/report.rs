@@ -1,0 +1,174 @@
+//! The compile report: a JSON summary and a JSON-lines record of every dropped, retagged or
+//! flagged row.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// What happened to a row that the report lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Not in the corpus.
+    Dropped,
+    /// In the corpus under another language than its label.
+    Retagged,
+    /// In the corpus, with something worth a look.
+    Flagged,
+}
+
+/// A language change, as recorded for a retagged row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Retag {
+    /// Normalised label.
+    pub from: String,
+    /// Language the row got.
+    pub to: String,
+    /// `script`, `lid` or `script_letters`.
+    pub method: String,
+    /// Confidence of the evidence in [0, 1].
+    pub confidence: f64,
+}
+
+/// One line of the JSON-lines file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Entry {
+    /// Row number in the input, from 0 (over all shards for the raw shard layout).
+    pub row: u64,
+    /// Segment id, if the row has one.
+    pub segment_id: Option<String>,
+    /// Shard id, if the row has one.
+    pub shard_id: Option<String>,
+    /// Dropped, retagged or flagged.
+    pub kind: Kind,
+    /// Machine-readable reason (README.md "Compile report" lists them).
+    pub reason: String,
+    /// Human-readable detail.
+    pub detail: String,
+    /// The audio file, where one is involved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// The language change, for a retagged row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retag: Option<Retag>,
+}
+
+/// CPU seconds spent in each stage, summed over worker threads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StageSeconds {
+    /// Reading the manifest or shard tables.
+    pub read_input: f64,
+    /// Deduplication, cleaning and language decisions (one thread).
+    pub text_and_language: f64,
+    /// Reading and decoding FLAC, downmixing.
+    pub decode: f64,
+    /// Resampling to 16 kHz and conversion to 16-bit.
+    pub resample: f64,
+    /// SentencePiece.
+    pub tokenize: f64,
+    /// Hashing PCM for audio deduplication.
+    pub hash: f64,
+    /// Appending to the corpus and finishing it (one thread).
+    pub write: f64,
+}
+
+/// The JSON summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// The input, as given.
+    pub input: String,
+    /// The corpus written.
+    pub output: String,
+    /// Rows read.
+    pub rows: u64,
+    /// Rows in the corpus.
+    pub kept: u64,
+    /// Rows not in the corpus.
+    pub dropped: u64,
+    /// Dropped rows per reason.
+    pub dropped_by_reason: BTreeMap<String, u64>,
+    /// Kept rows with a flag, per reason.
+    pub flagged_by_reason: BTreeMap<String, u64>,
+    /// Kept rows whose language differs from their label.
+    pub retagged: u64,
+    /// Retags per `from->to` pair.
+    pub retags: BTreeMap<String, u64>,
+    /// Retags per method.
+    pub retags_by_method: BTreeMap<String, u64>,
+    /// Token sequences cut at the limit.
+    pub truncated: u64,
+    /// Hours per (normalised) label over every row read, as the input's durations claim.
+    pub hours_before: BTreeMap<String, f64>,
+    /// Hours per final language in the corpus, from the decoded audio.
+    pub hours_after: BTreeMap<String, f64>,
+    /// Hours of audio decoded (kept or not).
+    pub decoded_hours: f64,
+    /// Corpus file size in bytes.
+    pub corpus_bytes: u64,
+    /// Wall-clock seconds of the whole compile.
+    pub wall_seconds: f64,
+    /// Worker threads.
+    pub jobs: usize,
+    /// Decoded audio seconds per wall second.
+    pub realtime_factor: f64,
+    /// Decoded audio seconds per wall second per worker thread.
+    pub realtime_factor_per_job: f64,
+    /// Where the time went.
+    pub stage_seconds: StageSeconds,
+    /// The JSON-lines file listing every dropped, retagged or flagged row.
+    pub entries_file: String,
+}
+
+impl Summary {
+    /// Dropped rows as a fraction of rows read (0 for an empty input).
+    pub fn reject_fraction(&self) -> f64 {
+        if self.rows == 0 {
+            0.0
+        } else {
+            self.dropped as f64 / self.rows as f64
+        }
+    }
+
+    /// Records an entry's counts (not its line).
+    pub(crate) fn count(&mut self, e: &Entry) {
+        match e.kind {
+            Kind::Dropped => {
+                self.dropped += 1;
+                *self.dropped_by_reason.entry(e.reason.clone()).or_default() += 1;
+            }
+            Kind::Flagged => {
+                *self.flagged_by_reason.entry(e.reason.clone()).or_default() += 1;
+            }
+            Kind::Retagged => {
+                self.retagged += 1;
+                if let Some(r) = &e.retag {
+                    *self.retags.entry(format!("{}->{}", r.from, r.to)).or_default() += 1;
+                    *self.retags_by_method.entry(r.method.clone()).or_default() += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Writes entries as JSON lines.
+pub(crate) struct EntryWriter {
+    out: std::io::BufWriter<std::fs::File>,
+}
+
+impl EntryWriter {
+    pub(crate) fn create(path: &std::path::Path) -> std::io::Result<EntryWriter> {
+        Ok(EntryWriter { out: std::io::BufWriter::new(std::fs::File::create(path)?) })
+    }
+
+    pub(crate) fn write(&mut self, e: &Entry) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.out, e)?;
+        self.out.write_all(b"\n")
+    }
+
+    pub(crate) fn finish(mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_all()
+    }
+}
