@@ -142,8 +142,10 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
         .make_audio_decoder(&params, &AudioDecoderOptions::default())
         .map_err(|e| corrupt("creating the decoder", e))?;
 
-    let mut interleaved: Vec<f32> = Vec::new();
-    let mut chunk: Vec<f32> = Vec::new();
+    // The header's sample count, when it has one, sizes the buffer once (bounded so that a
+    // corrupt header cannot ask for gigabytes).
+    let expected = announced.unwrap_or(0).min(1 << 26) as usize * channels as usize;
+    let mut interleaved: Vec<f32> = Vec::with_capacity(expected);
     // The demuxer skips a frame it cannot parse and resynchronises on the next one; a jump in
     // the packets' timestamps is how that shows, and it means corruption, not truncation.
     let mut next_ts: i64 = 0;
@@ -164,9 +166,9 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
         }
         next_ts = ts.saturating_add(i64::try_from(packet.dur.get()).unwrap_or(i64::MAX));
         let buf = decoder.decode(&packet).map_err(|e| corrupt("decoding a frame", e))?;
-        chunk.resize(buf.samples_interleaved(), f32::MID);
-        buf.copy_to_slice_interleaved(&mut chunk);
-        interleaved.extend_from_slice(&chunk);
+        let at = interleaved.len();
+        interleaved.resize(at + buf.samples_interleaved(), f32::MID);
+        buf.copy_to_slice_interleaved(&mut interleaved[at..]);
     }
     let frames = interleaved.len() / channels as usize;
     if let Some((want, got)) = skipped {
@@ -228,5 +230,13 @@ fn normalize_streaminfo(bytes: &mut [u8]) {
 /// Mono f32 in [-1, 1) to 16-bit PCM: scaled by 32768, rounded, clamped. 16-bit sources come
 /// back unchanged.
 pub fn to_i16(samples: &[f32]) -> Vec<i16> {
-    samples.iter().map(|&x| (x * 32768.0).round().clamp(-32768.0, 32767.0) as i16).collect()
+    samples
+        .iter()
+        .map(|&x| {
+            // Round half away from zero without a libm call: in f64 the sum is exact, so
+            // truncation rounds exactly as `f32::round` would.
+            let v = f64::from(x) * 32768.0;
+            (v + 0.5f64.copysign(v)).clamp(-32768.0, 32767.0) as i16
+        })
+        .collect()
 }

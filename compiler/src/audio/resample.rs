@@ -99,7 +99,27 @@ pub fn output_len(n: usize, rate: u32) -> usize {
 fn chunk_size(rate: u32) -> usize {
     let g = gcd(rate, TARGET_RATE);
     let step = 2 * (rate / g) as usize;
-    2048usize.div_ceil(step) * step
+    // Among the allowed sizes, the first whose prime factors are all <= 7 (the reduced ratios of
+    // the common rates need 7: 44.1 kHz is 441/160): rustfft is several times slower on lengths
+    // with a large prime factor (48 kHz gave 2052 = 2^2 3^3 19 before; now 2058 = 2 3 7^3).
+    let first = 2048usize.div_ceil(step);
+    (first..first + 64)
+        .map(|k| k * step)
+        .find(|&n| largest_prime_factor(n) <= 7)
+        .unwrap_or(first * step)
+}
+
+fn largest_prime_factor(mut n: usize) -> usize {
+    let mut largest = 1;
+    let mut p = 2;
+    while p * p <= n {
+        while n % p == 0 {
+            largest = p;
+            n /= p;
+        }
+        p += 1;
+    }
+    largest.max(n)
 }
 
 fn gcd(mut a: u32, mut b: u32) -> u32 {

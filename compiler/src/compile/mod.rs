@@ -204,6 +204,15 @@ struct Audio {
     truncated: bool,
 }
 
+/// A chunk after stage 2, waiting for stage 3.
+struct Processed {
+    ready: Vec<Ready>,
+    results: Vec<(Result<Audio, Box<Entry>>, Nanos)>,
+    stage1_entries: Vec<Entry>,
+    rows: u64,
+    claimed: f64,
+}
+
 #[derive(Default, Clone, Copy)]
 struct Nanos {
     decode: u128,
@@ -239,6 +248,8 @@ struct Compiler<'a> {
     entries: EntryWriter,
     /// This chunk's entries, written in row order when the chunk is done.
     chunk_entries: Vec<Entry>,
+    /// Progress after the last chunk written, for the caller's callback.
+    last_progress: Option<Progress>,
     stage: StageSeconds,
 }
 
@@ -432,6 +443,34 @@ impl Compiler<'_> {
         None
     }
 
+    /// Stage 3 for a chunk: every row in order, then the chunk's entries.
+    fn write_chunk(
+        &mut self,
+        writer: &mut CorpusWriter,
+        chunk: Processed,
+        nanos: &mut Nanos,
+        claimed_done: &mut f64,
+    ) -> Result<(), CompileError> {
+        self.chunk_entries.extend(chunk.stage1_entries);
+        for (r, (audio, ns)) in chunk.ready.iter().zip(chunk.results) {
+            nanos.decode += ns.decode;
+            nanos.resample += ns.resample;
+            nanos.tokenize += ns.tokenize;
+            nanos.hash += ns.hash;
+            self.write(writer, r, audio)?;
+        }
+        self.flush_entries()?;
+        self.summary.rows += chunk.rows;
+        *claimed_done += chunk.claimed;
+        self.last_progress = Some(Progress {
+            rows_done: self.summary.rows,
+            rows_total: 0,
+            hours_kept: self.summary.hours_after.values().sum(),
+            hours_claimed_done: *claimed_done,
+        });
+        Ok(())
+    }
+
     /// Stage 3 for one row.
     fn write(
         &mut self,
@@ -613,11 +652,13 @@ pub fn compile(
         },
         entries,
         chunk_entries: Vec::new(),
+        last_progress: None,
         stage: StageSeconds::default(),
     };
     let rows_total = source.rows();
     let mut claimed_done = 0.0;
     let mut nanos = Nanos::default();
+    let mut previous: Option<Processed> = None;
     let mut pending: Vec<ManifestRow> = Vec::new();
     let mut exhausted = false;
     while !exhausted {
@@ -638,7 +679,7 @@ pub fn compile(
         }
         let chunk = std::mem::take(&mut pending);
         let n = chunk.len() as u64;
-        claimed_done +=
+        let claimed =
             chunk.iter().filter_map(|r| r.duration).filter(|d| d.is_finite()).sum::<f64>();
         let t = Instant::now();
         let mut ready = Vec::with_capacity(chunk.len());
@@ -647,34 +688,46 @@ pub fn compile(
                 ready.push(r);
             }
         }
+        let stage1_entries = std::mem::take(&mut c.chunk_entries);
         stage.text_and_language += t.elapsed().as_secs_f64();
+        // Stage 2 of this chunk runs on the pool while this thread writes the previous chunk.
         let tok = c.tokenizer;
         let (prefix, max_tokens) = (opts.lang_prefix, opts.max_tokens);
-        let results: Vec<(Result<Audio, Box<Entry>>, Nanos)> = pool.install(|| {
-            ready
-                .par_iter()
-                .map(|r| {
-                    let mut ns = Nanos::default();
-                    let a = process(r, tok, prefix, max_tokens, &mut ns);
-                    (a, ns)
-                })
-                .collect()
+        let pool = &pool;
+        let (done, wrote) = std::thread::scope(|scope| {
+            let worker = scope.spawn(move || {
+                let results: Vec<(Result<Audio, Box<Entry>>, Nanos)> = pool.install(|| {
+                    ready
+                        .par_iter()
+                        .map(|r| {
+                            let mut ns = Nanos::default();
+                            let a = process(r, tok, prefix, max_tokens, &mut ns);
+                            (a, ns)
+                        })
+                        .collect()
+                });
+                (ready, results)
+            });
+            let wrote = match previous.take() {
+                Some(chunk) => c.write_chunk(&mut writer, chunk, &mut nanos, &mut claimed_done),
+                None => Ok(()),
+            };
+            (worker.join(), wrote)
         });
-        for (r, (audio, ns)) in ready.iter().zip(results) {
-            nanos.decode += ns.decode;
-            nanos.resample += ns.resample;
-            nanos.tokenize += ns.tokenize;
-            nanos.hash += ns.hash;
-            c.write(&mut writer, r, audio)?;
+        wrote?;
+        let (ready, results) = done.map_err(|_| {
+            CompileError::Options("a worker thread panicked while decoding audio".into())
+        })?;
+        if let Some(p) = c.last_progress.take() {
+            progress(&Progress { rows_total, ..p });
         }
-        c.flush_entries()?;
-        c.summary.rows += n;
-        progress(&Progress {
-            rows_done: c.summary.rows,
-            rows_total,
-            hours_kept: c.summary.hours_after.values().sum(),
-            hours_claimed_done: claimed_done,
-        });
+        previous = Some(Processed { ready, results, stage1_entries, rows: n, claimed });
+    }
+    if let Some(chunk) = previous.take() {
+        c.write_chunk(&mut writer, chunk, &mut nanos, &mut claimed_done)?;
+        if let Some(p) = c.last_progress.take() {
+            progress(&Progress { rows_total, ..p });
+        }
     }
     let t = Instant::now();
     let written = writer.finish()?;
