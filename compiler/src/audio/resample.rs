@@ -113,7 +113,7 @@ fn largest_prime_factor(mut n: usize) -> usize {
     let mut largest = 1;
     let mut p = 2;
     while p * p <= n {
-        while n % p == 0 {
+        while n.is_multiple_of(p) {
             largest = p;
             n /= p;
         }
