@@ -11,7 +11,10 @@ use asr_corpus::synth::SynthSpec;
 use asr_corpus::{Corpus, CorpusWriter, WriterOptions};
 
 fn python_reader() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/reference/read_corpus.py")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"),
+    )
+    .join("../format-spec/reference/read_corpus.py")
 }
 
 /// Runs the Python reader: (exit code, stdout, stderr).

@@ -5,4 +5,5 @@
 pub mod cli;
 pub mod commands;
 pub mod data;
+pub mod model;
 pub mod tdt;

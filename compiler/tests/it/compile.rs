@@ -15,7 +15,10 @@ use crate::asrc;
 use crate::manifest::write;
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/espeak")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"),
+    )
+    .join("../examples/espeak")
 }
 
 fn compile(dir: &Path, extra: &[&str]) -> (std::process::Output, PathBuf) {

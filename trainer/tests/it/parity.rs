@@ -14,7 +14,10 @@ fn python_plan(dir: &Path, d: &[f64], l: &[u16], args: &[String]) -> Vec<Vec<Vec
     std::fs::write(&dur_path, d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
     std::fs::write(&lang_path, l.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
         .unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/python_sampler.py");
+    let script = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"),
+    )
+    .join("../bench/python_sampler.py");
     let out = Command::new("python3")
         .arg(script)
         .arg(&dur_path)

@@ -1,0 +1,120 @@
+//! Prediction network (embedding + stacked LSTM, NeMo `RNNTDecoder` with the blank as the
+//! start symbol and a zero embedding) and the joint network.
+
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lstm, LstmConfig, LstmState};
+use burn::prelude::*;
+use burn::tensor::activation::relu;
+
+use super::config::{JointConfig, PredictionConfig};
+
+/// Embedding and stacked LSTMs over `[blank, y_1, ..., y_U]`.
+#[derive(Module, Debug)]
+pub struct Prediction<B: Backend> {
+    embedding: Embedding<B>,
+    layers: Vec<Lstm<B>>,
+    blank: usize,
+}
+
+/// Per-layer LSTM states of a batch.
+pub type PredState<B> = Vec<LstmState<B, 2>>;
+
+impl<B: Backend> Prediction<B> {
+    /// A fresh network for `vocab` tokens (blank is `vocab`).
+    pub fn new(cfg: &PredictionConfig, vocab: usize, device: &B::Device) -> Self {
+        let h = cfg.pred_hidden;
+        Prediction {
+            embedding: EmbeddingConfig::new(vocab + 1, h).init(device),
+            layers: (0..cfg.pred_rnn_layers)
+                .map(|_| LstmConfig::new(h, h, true).init(device))
+                .collect(),
+            blank: vocab,
+        }
+    }
+
+    /// Embeds `labels` `[B, S]`; the blank embeds to zeros (NeMo's `blank_as_pad`).
+    fn embed(&self, labels: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let keep = labels.clone().not_equal_elem(self.blank as i64).float().unsqueeze_dim(2);
+        self.embedding.forward(labels) * keep
+    }
+
+    /// Outputs `[B, U + 1, H]` for targets `[B, U]` (padded with anything below the blank).
+    pub fn forward(&self, targets: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [b, _] = targets.dims();
+        let start = Tensor::<B, 2, Int>::full([b, 1], self.blank as i64, &targets.device());
+        let mut x = self.embed(Tensor::cat(vec![start, targets], 1));
+        for layer in &self.layers {
+            x = layer.forward(x, None).0;
+        }
+        x
+    }
+
+    /// One step for labels `[R]` from `state` (or the start state): output `[R, H]`.
+    pub fn step(
+        &self,
+        labels: Tensor<B, 1, Int>,
+        state: Option<PredState<B>>,
+    ) -> (Tensor<B, 2>, PredState<B>) {
+        let [r] = labels.dims();
+        let mut x = self.embed(labels.reshape([r, 1]));
+        let mut next = Vec::with_capacity(self.layers.len());
+        let mut states = state.map(|s| s.into_iter().map(Some).collect::<Vec<_>>());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let s = states.as_mut().and_then(|s| s[i].take());
+            let (y, st) = layer.forward(x, s);
+            x = y;
+            next.push(st);
+        }
+        (x.reshape([r, x_dim(&next)]), next)
+    }
+}
+
+fn x_dim<B: Backend>(s: &[LstmState<B, 2>]) -> usize {
+    s.last().map_or(0, |s| s.hidden.dims()[1])
+}
+
+/// Joint: project encoder and prediction outputs, add, ReLU, map to `V + 1 + D` logits.
+#[derive(Module, Debug)]
+pub struct Joint<B: Backend> {
+    enc: Linear<B>,
+    pred: Linear<B>,
+    out: Linear<B>,
+}
+
+impl<B: Backend> Joint<B> {
+    /// A fresh joint.
+    pub fn new(
+        cfg: &JointConfig,
+        d_enc: usize,
+        d_pred: usize,
+        outputs: usize,
+        device: &B::Device,
+    ) -> Self {
+        Joint {
+            enc: LinearConfig::new(d_enc, cfg.joint_hidden).init(device),
+            pred: LinearConfig::new(d_pred, cfg.joint_hidden).init(device),
+            out: LinearConfig::new(cfg.joint_hidden, outputs).init(device),
+        }
+    }
+
+    /// Projects encoder outputs `[.., d_enc]`.
+    pub fn project_encoder<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.enc.forward(x)
+    }
+
+    /// Projects prediction outputs `[.., d_pred]`.
+    pub fn project_prediction<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.pred.forward(x)
+    }
+
+    /// Logits from projected parts that broadcast against each other.
+    pub fn combine<const D: usize>(&self, enc: Tensor<B, D>, pred: Tensor<B, D>) -> Tensor<B, D> {
+        self.out.forward(relu(enc + pred))
+    }
+
+    /// Full lattice `[B, T, U + 1, outputs]` from `[B, T, d_enc]` and `[B, U + 1, d_pred]`.
+    pub fn forward(&self, enc: Tensor<B, 3>, pred: Tensor<B, 3>) -> Tensor<B, 4> {
+        let e = self.project_encoder(enc).unsqueeze_dim::<4>(2); // [B, T, 1, J]
+        let p = self.project_prediction(pred).unsqueeze_dim::<4>(1); // [B, 1, U+1, J]
+        self.combine(e, p)
+    }
+}

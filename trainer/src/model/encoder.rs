@@ -1,0 +1,340 @@
+//! FastConformer encoder: depthwise-striding subsampling, then Conformer blocks with
+//! relative-position multi-head attention (Transformer-XL style, as NeMo's
+//! `RelPositionMultiHeadAttention`), a convolution module and macaron feed-forward halves.
+
+use burn::nn::conv::{Conv1d, Conv1dConfig, Conv2d, Conv2dConfig};
+use burn::nn::{
+    BatchNorm, BatchNormConfig, Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear,
+    LinearConfig, PaddingConfig1d, PaddingConfig2d,
+};
+use burn::prelude::*;
+use burn::tensor::activation::{glu, relu, silu, softmax};
+
+use super::config::EncoderConfig;
+
+/// NeMo masks attention scores with -10000 rather than -inf.
+const MASK_VALUE: f64 = -10_000.0;
+
+/// Output length of one stride-2, kernel-3, padding-1 stage.
+fn stage_len(n: usize) -> usize {
+    (n + 2 - 3) / 2 + 1
+}
+
+/// Encoder frames for `frames` input feature frames.
+pub fn encoded_len(cfg: &EncoderConfig, frames: usize) -> usize {
+    let mut n = frames;
+    for _ in 0..cfg.subsampling_factor.trailing_zeros() {
+        n = stage_len(n);
+    }
+    n
+}
+
+/// NeMo's `dw_striding` subsampling: a full 3x3 stride-2 convolution, then (depthwise 3x3
+/// stride-2 + pointwise 1x1) per further factor of two, ReLU after each, then a linear map of
+/// channels x remaining features to `d_model`.
+#[derive(Module, Debug)]
+pub struct Subsampling<B: Backend> {
+    first: Conv2d<B>,
+    depthwise: Vec<Conv2d<B>>,
+    pointwise: Vec<Conv2d<B>>,
+    out: Linear<B>,
+}
+
+impl<B: Backend> Subsampling<B> {
+    fn new(cfg: &EncoderConfig, features: usize, device: &B::Device) -> Self {
+        let c = cfg.subsampling_conv_channels;
+        let stages = cfg.subsampling_factor.trailing_zeros() as usize;
+        let conv = |cin, groups| {
+            Conv2dConfig::new([cin, c], [3, 3])
+                .with_stride([2, 2])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .with_groups(groups)
+                .init(device)
+        };
+        let mut f = features;
+        for _ in 0..stages {
+            f = stage_len(f);
+        }
+        Subsampling {
+            first: conv(1, 1),
+            depthwise: (1..stages).map(|_| conv(c, c)).collect(),
+            pointwise: (1..stages)
+                .map(|_| Conv2dConfig::new([c, c], [1, 1]).init(device))
+                .collect(),
+            out: LinearConfig::new(c * f, cfg.d_model).init(device),
+        }
+    }
+
+    /// `[B, T, F]` to `[B, T', d_model]`.
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let mut x = relu(self.first.forward(x.unsqueeze_dim(1)));
+        for (dw, pw) in self.depthwise.iter().zip(&self.pointwise) {
+            x = relu(pw.forward(dw.forward(x)));
+        }
+        let [b, c, t, f] = x.dims();
+        self.out.forward(x.swap_dims(1, 2).reshape([b, t, c * f]))
+    }
+}
+
+/// Sinusoidal encodings of relative positions `T-1, ..., -(T-1)`: `[1, 2T-1, d]`.
+fn rel_positions<B: Backend>(t: usize, d: usize, device: &B::Device) -> Tensor<B, 3> {
+    let n = 2 * t - 1;
+    let mut pe = vec![0f32; n * d];
+    for (row, p) in (0..n).map(|i| t as f64 - 1.0 - i as f64).enumerate() {
+        for i in (0..d).step_by(2) {
+            let div = (-(i as f64) * (10_000f64).ln() / d as f64).exp();
+            pe[row * d + i] = (p * div).sin() as f32;
+            if i + 1 < d {
+                pe[row * d + i + 1] = (p * div).cos() as f32;
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(pe, [1, n, d]), device)
+}
+
+/// Relative-position multi-head self-attention.
+#[derive(Module, Debug)]
+pub struct RelPositionAttention<B: Backend> {
+    q: Linear<B>,
+    k: Linear<B>,
+    v: Linear<B>,
+    pos: Linear<B>,
+    out: Linear<B>,
+    pos_bias_u: burn::module::Param<Tensor<B, 2>>,
+    pos_bias_v: burn::module::Param<Tensor<B, 2>>,
+    dropout: Dropout,
+    heads: usize,
+}
+
+impl<B: Backend> RelPositionAttention<B> {
+    fn new(cfg: &EncoderConfig, device: &B::Device) -> Self {
+        let d = cfg.d_model;
+        let dk = d / cfg.n_heads;
+        RelPositionAttention {
+            q: LinearConfig::new(d, d).init(device),
+            k: LinearConfig::new(d, d).init(device),
+            v: LinearConfig::new(d, d).init(device),
+            pos: LinearConfig::new(d, d).with_bias(false).init(device),
+            out: LinearConfig::new(d, d).init(device),
+            pos_bias_u: burn::module::Param::from_tensor(Tensor::zeros([cfg.n_heads, dk], device)),
+            pos_bias_v: burn::module::Param::from_tensor(Tensor::zeros([cfg.n_heads, dk], device)),
+            dropout: DropoutConfig::new(cfg.dropout).init(),
+            heads: cfg.n_heads,
+        }
+    }
+
+    /// `x` `[B, T, d]`, `pos` `[1, 2T-1, d]`, `pad` `[B, 1, 1, T]` (true on padded keys).
+    fn forward(&self, x: Tensor<B, 3>, pos: Tensor<B, 3>, pad: Tensor<B, 4, Bool>) -> Tensor<B, 3> {
+        let [b, t, d] = x.dims();
+        let (h, dk) = (self.heads, d / self.heads);
+        let split = |y: Tensor<B, 3>| y.reshape([b, t, h, dk]); // [B, T, H, dk]
+        let q = split(self.q.forward(x.clone()));
+        let k = split(self.k.forward(x.clone())).swap_dims(1, 2); // [B, H, T, dk]
+        let v = split(self.v.forward(x)).swap_dims(1, 2);
+        let p = self.pos.forward(pos).reshape([1, 2 * t - 1, h, dk]).swap_dims(1, 2); // [1,H,2T-1,dk]
+        let u = self.pos_bias_u.val().reshape([1, 1, h, dk]);
+        let w = self.pos_bias_v.val().reshape([1, 1, h, dk]);
+        let q_u = (q.clone() + u).swap_dims(1, 2); // [B, H, T, dk]
+        let q_v = (q + w).swap_dims(1, 2);
+        let ac = q_u.matmul(k.swap_dims(2, 3)); // [B, H, T, T]
+        let bd = rel_shift(q_v.matmul(p.swap_dims(2, 3)), t); // [B, H, T, T]
+        let scores = (ac + bd).div_scalar((dk as f64).sqrt());
+        let pad = pad.expand([b, h, t, t]);
+        let scores = scores.mask_fill(pad.clone(), MASK_VALUE);
+        let attn = softmax(scores, 3).mask_fill(pad, 0.0);
+        let attn = self.dropout.forward(attn);
+        let ctx = attn.matmul(v).swap_dims(1, 2).reshape([b, t, d]);
+        self.out.forward(ctx)
+    }
+}
+
+/// Transformer-XL's relative shift: scores against positions `T-1 .. -(T-1)` `[.., T, 2T-1]`
+/// become scores against key positions `[.., T, T]` (query i, key j uses position i - j).
+fn rel_shift<B: Backend>(x: Tensor<B, 4>, t: usize) -> Tensor<B, 4> {
+    let [b, h, _, n] = x.dims(); // n = 2T - 1
+    let zeros = Tensor::zeros([b, h, t, 1], &x.device());
+    let x = Tensor::cat(vec![zeros, x], 3) // [B, H, T, 2T]
+        .reshape([b, h, n + 1, t])
+        .slice([0..b, 0..h, 1..n + 1, 0..t])
+        .reshape([b, h, t, n]);
+    x.slice([0..b, 0..h, 0..t, 0..t])
+}
+
+/// Feed-forward: linear, Swish, dropout, linear.
+#[derive(Module, Debug)]
+pub struct FeedForward<B: Backend> {
+    up: Linear<B>,
+    down: Linear<B>,
+    dropout: Dropout,
+}
+
+impl<B: Backend> FeedForward<B> {
+    fn new(cfg: &EncoderConfig, device: &B::Device) -> Self {
+        FeedForward {
+            up: LinearConfig::new(cfg.d_model, cfg.ff_dim).init(device),
+            down: LinearConfig::new(cfg.ff_dim, cfg.d_model).init(device),
+            dropout: DropoutConfig::new(cfg.dropout).init(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.down.forward(self.dropout.forward(silu(self.up.forward(x))))
+    }
+}
+
+/// Convolution module: pointwise to 2d, GLU, depthwise conv, batch norm, Swish, pointwise.
+#[derive(Module, Debug)]
+pub struct ConvModule<B: Backend> {
+    pointwise1: Conv1d<B>,
+    depthwise: Conv1d<B>,
+    norm: BatchNorm<B>,
+    pointwise2: Conv1d<B>,
+}
+
+impl<B: Backend> ConvModule<B> {
+    fn new(cfg: &EncoderConfig, device: &B::Device) -> Self {
+        let d = cfg.d_model;
+        let k = cfg.conv_kernel_size;
+        ConvModule {
+            pointwise1: Conv1dConfig::new(d, 2 * d, 1).init(device),
+            depthwise: Conv1dConfig::new(d, d, k)
+                .with_groups(d)
+                .with_padding(PaddingConfig1d::Explicit((k - 1) / 2, (k - 1) / 2))
+                .init(device),
+            norm: BatchNormConfig::new(d).init(device),
+            pointwise2: Conv1dConfig::new(d, d, 1).init(device),
+        }
+    }
+
+    /// `x` `[B, T, d]`, `keep` `[B, 1, T]` (1 on valid frames).
+    fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = glu(self.pointwise1.forward(x.swap_dims(1, 2)), 1) * keep;
+        let x = silu(self.norm.forward(self.depthwise.forward(x)));
+        self.pointwise2.forward(x).swap_dims(1, 2)
+    }
+}
+
+/// One Conformer block (macaron: half FF, attention, convolution, half FF, norm).
+#[derive(Module, Debug)]
+pub struct ConformerLayer<B: Backend> {
+    norm_ff1: LayerNorm<B>,
+    ff1: FeedForward<B>,
+    norm_att: LayerNorm<B>,
+    att: RelPositionAttention<B>,
+    norm_conv: LayerNorm<B>,
+    conv: ConvModule<B>,
+    norm_ff2: LayerNorm<B>,
+    ff2: FeedForward<B>,
+    norm_out: LayerNorm<B>,
+    dropout: Dropout,
+}
+
+impl<B: Backend> ConformerLayer<B> {
+    fn new(cfg: &EncoderConfig, device: &B::Device) -> Self {
+        let norm = || LayerNormConfig::new(cfg.d_model).init(device);
+        ConformerLayer {
+            norm_ff1: norm(),
+            ff1: FeedForward::new(cfg, device),
+            norm_att: norm(),
+            att: RelPositionAttention::new(cfg, device),
+            norm_conv: norm(),
+            conv: ConvModule::new(cfg, device),
+            norm_ff2: norm(),
+            ff2: FeedForward::new(cfg, device),
+            norm_out: norm(),
+            dropout: DropoutConfig::new(cfg.dropout).init(),
+        }
+    }
+
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        pos: Tensor<B, 3>,
+        pad: Tensor<B, 4, Bool>,
+        keep: Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
+        let x = x.clone()
+            + self.dropout.forward(self.ff1.forward(self.norm_ff1.forward(x))).mul_scalar(0.5);
+        let x =
+            x.clone() + self.dropout.forward(self.att.forward(self.norm_att.forward(x), pos, pad));
+        let x =
+            x.clone() + self.dropout.forward(self.conv.forward(self.norm_conv.forward(x), keep));
+        let x = x.clone()
+            + self.dropout.forward(self.ff2.forward(self.norm_ff2.forward(x))).mul_scalar(0.5);
+        self.norm_out.forward(x)
+    }
+}
+
+/// The encoder.
+#[derive(Module, Debug)]
+pub struct Encoder<B: Backend> {
+    subsampling: Subsampling<B>,
+    layers: Vec<ConformerLayer<B>>,
+    dropout: Dropout,
+    d_model: usize,
+    xscaling: bool,
+}
+
+impl<B: Backend> Encoder<B> {
+    /// A freshly initialised encoder for `features` mel bands.
+    pub fn new(cfg: &EncoderConfig, features: usize, device: &B::Device) -> Self {
+        Encoder {
+            subsampling: Subsampling::new(cfg, features, device),
+            layers: (0..cfg.n_layers).map(|_| ConformerLayer::new(cfg, device)).collect(),
+            dropout: DropoutConfig::new(cfg.dropout).init(),
+            d_model: cfg.d_model,
+            xscaling: cfg.xscaling,
+        }
+    }
+
+    /// Features `[B, T, F]` with `lens` valid frames each, to encodings `[B, T', d_model]` and
+    /// valid encoder frames `lens'` (computed by the caller with [`encoded_len`]).
+    pub fn forward(&self, features: Tensor<B, 3>, enc_lens: &[usize]) -> Tensor<B, 3> {
+        let device = features.device();
+        let mut x = self.subsampling.forward(features);
+        let [b, t, d] = x.dims();
+        if self.xscaling {
+            x = x.mul_scalar((d as f64).sqrt());
+        }
+        let pos = self.dropout.forward(rel_positions::<B>(t, self.d_model, &device));
+        let x = self.dropout.forward(x);
+        let pad: Vec<bool> = (0..b).flat_map(|i| (0..t).map(move |j| j >= enc_lens[i])).collect();
+        let pad = Tensor::<B, 1, Bool>::from_data(TensorData::new(pad, [b * t]), &device)
+            .reshape([b, 1, 1, t]);
+        let keep: Vec<f32> = (0..b)
+            .flat_map(|i| (0..t).map(move |j| if j < enc_lens[i] { 1.0 } else { 0.0 }))
+            .collect();
+        let keep = Tensor::<B, 3>::from_data(TensorData::new(keep, [b, 1, t]), &device);
+        let mut x = x;
+        for layer in &self.layers {
+            x = layer.forward(x, pos.clone(), pad.clone(), keep.clone());
+        }
+        x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+
+    #[test]
+    fn rel_shift_picks_position_i_minus_j() {
+        // Scores equal to the position index: after the shift, entry (i, j) must hold the index
+        // of position i - j, which is (T - 1) - (i - j).
+        let t = 4;
+        let n = 2 * t - 1;
+        let data: Vec<f32> = (0..t).flat_map(|_| (0..n).map(|p| p as f32)).collect();
+        let x = Tensor::<NdArray, 4>::from_data(
+            TensorData::new(data, [1, 1, t, n]),
+            &Default::default(),
+        );
+        let y = rel_shift(x, t).into_data().to_vec::<f32>().unwrap();
+        for i in 0..t {
+            for j in 0..t {
+                let want = (t as i64 - 1 - (i as i64 - j as i64)) as f32;
+                assert_eq!(y[i * t + j], want, "({i}, {j})");
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! NeMo's mel front end on the device: 16-bit PCM to normalised log-mel features.
+//!
+//! Steps (NeMo `FilterbankFeatures`): scale to [-1, 1); dither (training); pre-emphasis
+//! `y[t] = x[t] - 0.97 x[t-1]`; STFT with `center=True` zero padding of `n_fft / 2`, a symmetric
+//! Hann window of `window_size` samples centred in `n_fft`, hop `window_stride`; power spectrum;
+//! Slaney mel filterbank (librosa's `filters.mel(norm="slaney", htk=False)`); `log(x + 2^-24)`;
+//! per-feature normalisation over each utterance's valid frames (mean, unbiased std + 1e-5);
+//! frames past the valid length set to 0. The STFT is one strided convolution whose kernels are
+//! the windowed DFT basis, so the whole front end is tensor operations on the device.
+
+use burn::prelude::*;
+use burn::tensor::module::conv1d;
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::Distribution;
+
+use super::config::PreprocessorConfig;
+
+/// Normalisation floor NeMo adds to the standard deviation.
+const STD_EPS: f64 = 1e-5;
+
+/// The front end's constant tensors on one device.
+#[derive(Debug, Clone)]
+pub struct MelFrontend<B: Backend> {
+    cfg: PreprocessorConfig,
+    /// `[2 * bins, 1, n_fft]`: cosine kernels, then minus-sine kernels.
+    dft: Tensor<B, 3>,
+    /// `[bins, features]`.
+    filterbank: Tensor<B, 2>,
+    bins: usize,
+}
+
+/// Slaney mel scale (librosa's default): linear below 1 kHz, logarithmic above.
+fn hz_to_mel(f: f64) -> f64 {
+    let f_sp = 200.0 / 3.0;
+    if f < 1000.0 {
+        f / f_sp
+    } else {
+        1000.0 / f_sp + (f / 1000.0).ln() / (6.4f64.ln() / 27.0)
+    }
+}
+
+fn mel_to_hz(m: f64) -> f64 {
+    let f_sp = 200.0 / 3.0;
+    let min_log_mel = 1000.0 / f_sp;
+    if m < min_log_mel {
+        m * f_sp
+    } else {
+        1000.0 * ((m - min_log_mel) * (6.4f64.ln() / 27.0)).exp()
+    }
+}
+
+/// Slaney-normalised triangular mel filters, `[n_fft / 2 + 1][n_mels]` row-major, from 0 Hz to
+/// the Nyquist frequency.
+pub fn mel_filterbank(sample_rate: u32, n_fft: usize, n_mels: usize) -> Vec<f64> {
+    let bins = n_fft / 2 + 1;
+    let (lo, hi) = (hz_to_mel(0.0), hz_to_mel(f64::from(sample_rate) / 2.0));
+    let hz: Vec<f64> = (0..n_mels + 2)
+        .map(|i| mel_to_hz(lo + (hi - lo) * i as f64 / (n_mels + 1) as f64))
+        .collect();
+    let mut fb = vec![0.0; bins * n_mels];
+    for m in 0..n_mels {
+        let enorm = 2.0 / (hz[m + 2] - hz[m]);
+        for k in 0..bins {
+            let f = k as f64 * f64::from(sample_rate) / n_fft as f64;
+            let lower = (f - hz[m]) / (hz[m + 1] - hz[m]);
+            let upper = (hz[m + 2] - f) / (hz[m + 2] - hz[m + 1]);
+            fb[k * n_mels + m] = lower.min(upper).max(0.0) * enorm;
+        }
+    }
+    fb
+}
+
+/// Frames the front end produces for `samples` input samples.
+pub fn frames(cfg: &PreprocessorConfig, samples: usize) -> usize {
+    samples / cfg.window_stride + 1
+}
+
+impl<B: Backend> MelFrontend<B> {
+    /// Builds the constant tensors on `device`.
+    pub fn new(cfg: &PreprocessorConfig, device: &B::Device) -> MelFrontend<B> {
+        let (n_fft, win) = (cfg.n_fft, cfg.window_size);
+        let bins = n_fft / 2 + 1;
+        let offset = (n_fft - win) / 2;
+        // Symmetric Hann window (torch.hann_window(periodic=False)), centred in n_fft.
+        let window: Vec<f64> = (0..n_fft)
+            .map(|n| {
+                if n < offset || n >= offset + win {
+                    0.0
+                } else {
+                    let i = (n - offset) as f64;
+                    0.5 - 0.5 * (2.0 * std::f64::consts::PI * i / (win - 1) as f64).cos()
+                }
+            })
+            .collect();
+        let mut dft = vec![0f32; 2 * bins * n_fft];
+        for k in 0..bins {
+            for (n, w) in window.iter().enumerate() {
+                let phase = 2.0 * std::f64::consts::PI * ((k * n) % n_fft) as f64 / n_fft as f64;
+                dft[k * n_fft + n] = (w * phase.cos()) as f32;
+                dft[(bins + k) * n_fft + n] = (-w * phase.sin()) as f32;
+            }
+        }
+        let fb: Vec<f32> = mel_filterbank(cfg.sample_rate, n_fft, cfg.features)
+            .into_iter()
+            .map(|x| x as f32)
+            .collect();
+        MelFrontend {
+            cfg: cfg.clone(),
+            dft: Tensor::from_data(TensorData::new(dft, [2 * bins, 1, n_fft]), device),
+            filterbank: Tensor::from_data(TensorData::new(fb, [bins, cfg.features]), device),
+            bins,
+        }
+    }
+
+    /// Features `[batch, frames, features]` and valid frames per utterance, from padded 16-bit
+    /// PCM `[batch, samples]` (row-major) and each utterance's sample count.
+    pub fn forward(
+        &self,
+        pcm: &[i16],
+        batch: usize,
+        lens: &[u32],
+        train: bool,
+        device: &B::Device,
+    ) -> (Tensor<B, 3>, Vec<usize>) {
+        let samples = pcm.len() / batch.max(1);
+        let ints: Vec<i32> = pcm.iter().map(|&s| i32::from(s)).collect();
+        let mut x = Tensor::<B, 2, Int>::from_data(TensorData::new(ints, [batch, samples]), device)
+            .float()
+            .mul_scalar(1.0 / 32768.0);
+        let valid: Vec<f32> = (0..batch)
+            .flat_map(|b| (0..samples).map(move |t| if (t as u32) < lens[b] { 1.0 } else { 0.0 }))
+            .collect();
+        let valid = Tensor::<B, 2>::from_data(TensorData::new(valid, [batch, samples]), device);
+        if train && self.cfg.dither > 0.0 {
+            let noise =
+                Tensor::<B, 2>::random([batch, samples], Distribution::Normal(0.0, 1.0), device);
+            x = x + noise.mul_scalar(self.cfg.dither);
+        }
+        if self.cfg.preemph != 0.0 && samples > 1 {
+            let head = x.clone().slice([0..batch, 0..1]);
+            let rest = x.clone().slice([0..batch, 1..samples])
+                - x.clone().slice([0..batch, 0..samples - 1]).mul_scalar(self.cfg.preemph);
+            x = Tensor::cat(vec![head, rest], 1);
+        }
+        let x = (x * valid).reshape([batch, 1, samples]);
+        let pad = self.cfg.n_fft / 2;
+        let spec = conv1d(
+            x,
+            self.dft.clone(),
+            None,
+            ConvOptions::new([self.cfg.window_stride], [pad], [1], 1),
+        ); // [B, 2 * bins, frames]
+        let n_frames = spec.dims()[2];
+        let re = spec.clone().slice([0..batch, 0..self.bins, 0..n_frames]);
+        let im = spec.slice([0..batch, self.bins..2 * self.bins, 0..n_frames]);
+        let power = re.clone() * re + im.clone() * im; // [B, bins, frames]
+        let mel = power.swap_dims(1, 2).matmul(self.filterbank.clone().unsqueeze::<3>());
+        let logmel = (mel + self.cfg.log_zero_guard_value).log(); // [B, frames, features]
+
+        let frame_lens: Vec<usize> =
+            lens.iter().map(|&n| frames(&self.cfg, n as usize).min(n_frames)).collect();
+        let mask: Vec<f32> = (0..batch)
+            .flat_map(|b| {
+                let l = frame_lens[b];
+                (0..n_frames).map(move |t| if t < l { 1.0 } else { 0.0 })
+            })
+            .collect();
+        let mask = Tensor::<B, 3>::from_data(TensorData::new(mask, [batch, n_frames, 1]), device);
+        let counts: Vec<f32> = frame_lens.iter().map(|&l| l.max(1) as f32).collect();
+        let counts = Tensor::<B, 1>::from_data(TensorData::new(counts.clone(), [batch]), device)
+            .reshape([batch, 1, 1]);
+        let dof: Vec<f32> = frame_lens.iter().map(|&l| (l.max(2) - 1) as f32).collect();
+        let dof =
+            Tensor::<B, 1>::from_data(TensorData::new(dof, [batch]), device).reshape([batch, 1, 1]);
+        let mean = (logmel.clone() * mask.clone()).sum_dim(1) / counts;
+        let centred = (logmel - mean) * mask.clone();
+        let std = (centred.clone().powf_scalar(2.0).sum_dim(1) / dof).sqrt();
+        let features = centred / (std + STD_EPS) * mask;
+        (features, frame_lens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slaney_mel_scale_round_trips_and_matches_librosa_points() {
+        for f in [0.0, 500.0, 1000.0, 4000.0, 8000.0] {
+            assert!((mel_to_hz(hz_to_mel(f)) - f).abs() < 1e-9);
+        }
+        // librosa.hz_to_mel(1000) == 15, librosa.hz_to_mel(8000) == 45.2452...
+        assert!((hz_to_mel(1000.0) - 15.0).abs() < 1e-12);
+        assert!((hz_to_mel(8000.0) - 45.245_640_471_924_965).abs() < 1e-9);
+    }
+
+    #[test]
+    fn filters_are_triangles_with_slaney_area() {
+        let fb = mel_filterbank(16_000, 512, 80);
+        let bins = 257;
+        for m in 0..80 {
+            let col: Vec<f64> = (0..bins).map(|k| fb[k * 80 + m]).collect();
+            assert!(col.iter().all(|&w| w >= 0.0));
+            assert!(col.iter().any(|&w| w > 0.0), "filter {m} is empty");
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The FastConformer-TDT model: mel front end, encoder, prediction network, joint.
+
+pub mod config;
+pub mod decoder;
+pub mod encoder;
+pub mod mel;
+
+use burn::prelude::*;
+
+pub use config::ModelConfig;
+use decoder::{Joint, Prediction};
+use encoder::{encoded_len, Encoder};
+
+/// The trainable model. The front end has no parameters and lives beside it
+/// ([`mel::MelFrontend`]).
+#[derive(Module, Debug)]
+pub struct TdtModel<B: Backend> {
+    /// FastConformer encoder.
+    pub encoder: Encoder<B>,
+    /// Prediction network.
+    pub prediction: Prediction<B>,
+    /// Joint network.
+    pub joint: Joint<B>,
+}
+
+impl<B: Backend> TdtModel<B> {
+    /// A freshly initialised model for `vocab` tokens (blank is `vocab`).
+    pub fn new(cfg: &ModelConfig, vocab: usize, device: &B::Device) -> Self {
+        let outputs = vocab + 1 + cfg.durations.len();
+        TdtModel {
+            encoder: Encoder::new(&cfg.encoder, cfg.preprocessor.features, device),
+            prediction: Prediction::new(&cfg.decoder, vocab, device),
+            joint: Joint::new(
+                &cfg.joint,
+                cfg.encoder.d_model,
+                cfg.decoder.pred_hidden,
+                outputs,
+                device,
+            ),
+        }
+    }
+
+    /// Encodes features `[B, T, F]` with `frame_lens` valid frames: `[B, T', d]` and valid
+    /// encoder frames.
+    pub fn encode(
+        &self,
+        cfg: &ModelConfig,
+        features: Tensor<B, 3>,
+        frame_lens: &[usize],
+    ) -> (Tensor<B, 3>, Vec<usize>) {
+        let enc_lens: Vec<usize> =
+            frame_lens.iter().map(|&n| encoded_len(&cfg.encoder, n)).collect();
+        let enc = self.encoder.forward(features, &enc_lens);
+        let t = enc.dims()[1];
+        (enc, enc_lens.into_iter().map(|n| n.min(t)).collect())
+    }
+
+    /// Joint logits `[B, T', U + 1, V + 1 + D]` for encodings and targets `[B, U]`.
+    pub fn logits(&self, enc: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 4> {
+        let pred = self.prediction.forward(targets);
+        self.joint.forward(enc, pred)
+    }
+}
+
+/// Parameter count of a module.
+pub fn parameter_count<B: Backend, M: Module<B>>(m: &M) -> usize {
+    m.num_params()
+}
