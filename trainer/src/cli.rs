@@ -30,6 +30,79 @@ pub enum Command {
                             asrt plan corpus.asrcorpus --world-size 8 --rank 3 --batches > rank3.json\n  \
                             asrt plan corpus.asrcorpus --json | jq .imbalance_worst")]
     Plan(PlanArgs),
+    /// Train a FastConformer-TDT model on a corpus (CPU, or CUDA when built with --features cuda).
+    ///
+    /// Progress counts micro-batches and optimizer steps separately (one optimizer step is
+    /// train.grad_accum micro-batches). Writes OUT/metrics.jsonl (one line per optimizer step:
+    /// loss, lr, grad norm, audio seconds per second, languages), OUT/loss.svg and
+    /// OUT/checkpoints/step-N/ every train.checkpoint_every steps; --resume continues from the
+    /// newest checkpoint exactly where it stopped.
+    #[command(after_help = "Examples:\n  asrt train corpus.asrcorpus --out runs/tiny\n  \
+        asrt train corpus.asrcorpus --config train.toml --out runs/big --device cuda:0\n  \
+        asrt train corpus.asrcorpus --out runs/tiny --resume --max-steps 2000\n\n\
+        A config file overrides any field of the preset, with NeMo-like names:\n  \
+        preset = \"tiny\"            # or \"parakeet-tdt-0.6b\"\n  \
+        [model.encoder]\n  n_layers = 4\n  [optim]\n  lr = 1e-3\n  warmup_steps = 100\n  \
+        unfreeze_step = 0\n  [train]\n  max_steps = 1000\n  grad_accum = 4\n  \
+        checkpoint_every = 100\n  [sampler]\n  max_batch_seconds = 90.0\n  temperature = 0.3")]
+    Train(TrainArgs),
+    /// Decode a corpus greedily with a trained checkpoint; WER and CER per language.
+    #[command(after_help = "Examples:\n  asrt eval corpus.asrcorpus --checkpoint runs/tiny\n  \
+        asrt eval corpus.asrcorpus --checkpoint runs/tiny/checkpoints/step-00000100 --json")]
+    Eval(EvalArgs),
+}
+
+/// Arguments of `asrt train`.
+#[derive(Debug, Clone, Args)]
+pub struct TrainArgs {
+    /// Training corpus.
+    #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub corpus: PathBuf,
+    /// TOML configuration (preset, model, optim, train, sampler, loss sections).
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]
+    pub config: Option<PathBuf>,
+    /// Output directory.
+    #[arg(long, value_name = "DIR", default_value = "runs/asrt", value_hint = ValueHint::DirPath)]
+    pub out: PathBuf,
+    /// Continue from the newest checkpoint in OUT/checkpoints.
+    #[arg(long)]
+    pub resume: bool,
+    /// Override train.max_steps.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Stop (with a checkpoint) after this many optimizer steps, keeping the schedule of
+    /// max_steps (for splitting a run).
+    #[arg(long)]
+    pub stop_at: Option<u64>,
+    /// `cpu`, or `cuda:N` (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// No progress bar.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Arguments of `asrt eval`.
+#[derive(Debug, Clone, Args)]
+pub struct EvalArgs {
+    /// Corpus to decode.
+    #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub corpus: PathBuf,
+    /// A checkpoint directory, or a training output directory (its newest checkpoint).
+    #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
+    pub checkpoint: PathBuf,
+    /// Decode only the first N utterances.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Audio seconds per decoding batch.
+    #[arg(long, default_value_t = 60.0)]
+    pub batch_seconds: f64,
+    /// Print JSON (rates per language, overall, and every utterance's texts).
+    #[arg(long)]
+    pub json: bool,
+    /// `cpu`, or `cuda:N` (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Options of the epoch plan, shared by every command that plans.

@@ -5,5 +5,7 @@
 pub mod cli;
 pub mod commands;
 pub mod data;
+pub mod eval;
 pub mod model;
 pub mod tdt;
+pub mod train;

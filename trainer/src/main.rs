@@ -10,6 +10,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Plan(args) => commands::plan::run(args),
+        Command::Train(args) => commands::train::run(args),
+        Command::Eval(args) => commands::train::eval(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("asrt: error: {e:#}");

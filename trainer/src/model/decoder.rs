@@ -31,6 +31,11 @@ impl<B: Backend> Prediction<B> {
         }
     }
 
+    /// The blank (and start) symbol's index.
+    pub fn blank(&self) -> usize {
+        self.blank
+    }
+
     /// Embeds `labels` `[B, S]`; the blank embeds to zeros (NeMo's `blank_as_pad`).
     fn embed(&self, labels: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let keep = labels.clone().not_equal_elem(self.blank as i64).float().unsqueeze_dim(2);

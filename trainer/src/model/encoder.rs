@@ -2,15 +2,15 @@
 //! relative-position multi-head attention (Transformer-XL style, as NeMo's
 //! `RelPositionMultiHeadAttention`), a convolution module and macaron feed-forward halves.
 
-use burn::nn::conv::{Conv1d, Conv1dConfig, Conv2d, Conv2dConfig};
 use burn::nn::{
     BatchNorm, BatchNormConfig, Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear,
-    LinearConfig, PaddingConfig1d, PaddingConfig2d,
+    LinearConfig,
 };
 use burn::prelude::*;
 use burn::tensor::activation::{glu, relu, silu, softmax};
 
 use super::config::EncoderConfig;
+use super::conv::{Conv3x3S2, DepthwiseConv1d};
 
 /// NeMo masks attention scores with -10000 rather than -inf.
 const MASK_VALUE: f64 = -10_000.0;
@@ -34,9 +34,9 @@ pub fn encoded_len(cfg: &EncoderConfig, frames: usize) -> usize {
 /// channels x remaining features to `d_model`.
 #[derive(Module, Debug)]
 pub struct Subsampling<B: Backend> {
-    first: Conv2d<B>,
-    depthwise: Vec<Conv2d<B>>,
-    pointwise: Vec<Conv2d<B>>,
+    first: Conv3x3S2<B>,
+    depthwise: Vec<Conv3x3S2<B>>,
+    pointwise: Vec<Linear<B>>,
     out: Linear<B>,
 }
 
@@ -44,35 +44,27 @@ impl<B: Backend> Subsampling<B> {
     fn new(cfg: &EncoderConfig, features: usize, device: &B::Device) -> Self {
         let c = cfg.subsampling_conv_channels;
         let stages = cfg.subsampling_factor.trailing_zeros() as usize;
-        let conv = |cin, groups| {
-            Conv2dConfig::new([cin, c], [3, 3])
-                .with_stride([2, 2])
-                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
-                .with_groups(groups)
-                .init(device)
-        };
         let mut f = features;
         for _ in 0..stages {
             f = stage_len(f);
         }
         Subsampling {
-            first: conv(1, 1),
-            depthwise: (1..stages).map(|_| conv(c, c)).collect(),
-            pointwise: (1..stages)
-                .map(|_| Conv2dConfig::new([c, c], [1, 1]).init(device))
-                .collect(),
+            first: Conv3x3S2::new(c, device),
+            depthwise: (1..stages).map(|_| Conv3x3S2::new(c, device)).collect(),
+            pointwise: (1..stages).map(|_| LinearConfig::new(c, c).init(device)).collect(),
             out: LinearConfig::new(c * f, cfg.d_model).init(device),
         }
     }
 
-    /// `[B, T, F]` to `[B, T', d_model]`.
+    /// `[B, T, F]` to `[B, T', d_model]` (channels-last inside; flattened channel-major, as
+    /// NeMo flattens `[C, F']`).
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let mut x = relu(self.first.forward(x.unsqueeze_dim(1)));
+        let mut x = relu(self.first.forward(x.unsqueeze_dim(3)));
         for (dw, pw) in self.depthwise.iter().zip(&self.pointwise) {
             x = relu(pw.forward(dw.forward(x)));
         }
-        let [b, c, t, f] = x.dims();
-        self.out.forward(x.swap_dims(1, 2).reshape([b, t, c * f]))
+        let [b, t, f, c] = x.dims();
+        self.out.forward(x.swap_dims(2, 3).reshape([b, t, c * f]))
     }
 }
 
@@ -185,32 +177,29 @@ impl<B: Backend> FeedForward<B> {
 /// Convolution module: pointwise to 2d, GLU, depthwise conv, batch norm, Swish, pointwise.
 #[derive(Module, Debug)]
 pub struct ConvModule<B: Backend> {
-    pointwise1: Conv1d<B>,
-    depthwise: Conv1d<B>,
+    pointwise1: Linear<B>,
+    depthwise: DepthwiseConv1d<B>,
     norm: BatchNorm<B>,
-    pointwise2: Conv1d<B>,
+    pointwise2: Linear<B>,
 }
 
 impl<B: Backend> ConvModule<B> {
     fn new(cfg: &EncoderConfig, device: &B::Device) -> Self {
         let d = cfg.d_model;
-        let k = cfg.conv_kernel_size;
         ConvModule {
-            pointwise1: Conv1dConfig::new(d, 2 * d, 1).init(device),
-            depthwise: Conv1dConfig::new(d, d, k)
-                .with_groups(d)
-                .with_padding(PaddingConfig1d::Explicit((k - 1) / 2, (k - 1) / 2))
-                .init(device),
+            pointwise1: LinearConfig::new(d, 2 * d).init(device),
+            depthwise: DepthwiseConv1d::new(d, cfg.conv_kernel_size, device),
             norm: BatchNormConfig::new(d).init(device),
-            pointwise2: Conv1dConfig::new(d, d, 1).init(device),
+            pointwise2: LinearConfig::new(d, d).init(device),
         }
     }
 
-    /// `x` `[B, T, d]`, `keep` `[B, 1, T]` (1 on valid frames).
+    /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames).
     fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = glu(self.pointwise1.forward(x.swap_dims(1, 2)), 1) * keep;
-        let x = silu(self.norm.forward(self.depthwise.forward(x)));
-        self.pointwise2.forward(x).swap_dims(1, 2)
+        let x = glu(self.pointwise1.forward(x), 2) * keep;
+        let x = self.depthwise.forward(x);
+        let x = silu(self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2));
+        self.pointwise2.forward(x)
     }
 }
 
@@ -304,7 +293,7 @@ impl<B: Backend> Encoder<B> {
         let keep: Vec<f32> = (0..b)
             .flat_map(|i| (0..t).map(move |j| if j < enc_lens[i] { 1.0 } else { 0.0 }))
             .collect();
-        let keep = Tensor::<B, 3>::from_data(TensorData::new(keep, [b, 1, t]), &device);
+        let keep = Tensor::<B, 3>::from_data(TensorData::new(keep, [b, t, 1]), &device);
         let mut x = x;
         for layer in &self.layers {
             x = layer.forward(x, pos.clone(), pad.clone(), keep.clone());

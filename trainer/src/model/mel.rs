@@ -5,12 +5,11 @@
 //! Hann window of `window_size` samples centred in `n_fft`, hop `window_stride`; power spectrum;
 //! Slaney mel filterbank (librosa's `filters.mel(norm="slaney", htk=False)`); `log(x + 2^-24)`;
 //! per-feature normalisation over each utterance's valid frames (mean, unbiased std + 1e-5);
-//! frames past the valid length set to 0. The STFT is one strided convolution whose kernels are
-//! the windowed DFT basis, so the whole front end is tensor operations on the device.
+//! frames past the valid length set to 0. Frames are assembled on the device from hop-sized
+//! blocks of the padded signal and multiplied by the windowed DFT basis (one matrix product), so
+//! the whole front end is tensor operations on the device.
 
 use burn::prelude::*;
-use burn::tensor::module::conv1d;
-use burn::tensor::ops::ConvOptions;
 use burn::tensor::Distribution;
 
 use super::config::PreprocessorConfig;
@@ -22,8 +21,8 @@ const STD_EPS: f64 = 1e-5;
 #[derive(Debug, Clone)]
 pub struct MelFrontend<B: Backend> {
     cfg: PreprocessorConfig,
-    /// `[2 * bins, 1, n_fft]`: cosine kernels, then minus-sine kernels.
-    dft: Tensor<B, 3>,
+    /// `[n_fft, 2 * bins]`: windowed cosine columns, then windowed minus-sine columns.
+    dft: Tensor<B, 2>,
     /// `[bins, features]`.
     filterbank: Tensor<B, 2>,
     bins: usize,
@@ -96,8 +95,8 @@ impl<B: Backend> MelFrontend<B> {
         for k in 0..bins {
             for (n, w) in window.iter().enumerate() {
                 let phase = 2.0 * std::f64::consts::PI * ((k * n) % n_fft) as f64 / n_fft as f64;
-                dft[k * n_fft + n] = (w * phase.cos()) as f32;
-                dft[(bins + k) * n_fft + n] = (-w * phase.sin()) as f32;
+                dft[n * 2 * bins + k] = (w * phase.cos()) as f32;
+                dft[n * 2 * bins + bins + k] = (-w * phase.sin()) as f32;
             }
         }
         let fb: Vec<f32> = mel_filterbank(cfg.sample_rate, n_fft, cfg.features)
@@ -106,7 +105,7 @@ impl<B: Backend> MelFrontend<B> {
             .collect();
         MelFrontend {
             cfg: cfg.clone(),
-            dft: Tensor::from_data(TensorData::new(dft, [2 * bins, 1, n_fft]), device),
+            dft: Tensor::from_data(TensorData::new(dft, [n_fft, 2 * bins]), device),
             filterbank: Tensor::from_data(TensorData::new(fb, [bins, cfg.features]), device),
             bins,
         }
@@ -142,19 +141,31 @@ impl<B: Backend> MelFrontend<B> {
                 - x.clone().slice([0..batch, 0..samples - 1]).mul_scalar(self.cfg.preemph);
             x = Tensor::cat(vec![head, rest], 1);
         }
-        let x = (x * valid).reshape([batch, 1, samples]);
-        let pad = self.cfg.n_fft / 2;
-        let spec = conv1d(
-            x,
-            self.dft.clone(),
-            None,
-            ConvOptions::new([self.cfg.window_stride], [pad], [1], 1),
-        ); // [B, 2 * bins, frames]
-        let n_frames = spec.dims()[2];
-        let re = spec.clone().slice([0..batch, 0..self.bins, 0..n_frames]);
-        let im = spec.slice([0..batch, self.bins..2 * self.bins, 0..n_frames]);
-        let power = re.clone() * re + im.clone() * im; // [B, bins, frames]
-        let mel = power.swap_dims(1, 2).matmul(self.filterbank.clone().unsqueeze::<3>());
+        let x = x * valid;
+        // Frame t covers padded samples [t * hop, t * hop + n_fft): blocks t .. t + n_fft / hop
+        // of hop samples each, the last one partly.
+        let (n_fft, hop) = (self.cfg.n_fft, self.cfg.window_stride);
+        let pad = n_fft / 2;
+        let n_frames = samples / hop + 1;
+        let (whole, rest) = (n_fft / hop, n_fft % hop);
+        let blocks = n_frames + whole;
+        let right = blocks * hop - samples - pad;
+        let x = Tensor::cat(
+            vec![Tensor::zeros([batch, pad], device), x, Tensor::zeros([batch, right], device)],
+            1,
+        )
+        .reshape([batch, blocks, hop]);
+        let mut parts: Vec<Tensor<B, 3>> =
+            (0..whole).map(|j| x.clone().slice([0..batch, j..j + n_frames, 0..hop])).collect();
+        if rest > 0 {
+            parts.push(x.slice([0..batch, whole..whole + n_frames, 0..rest]));
+        }
+        let frames_t = Tensor::cat(parts, 2); // [B, frames, n_fft]
+        let spec = frames_t.matmul(self.dft.clone().unsqueeze::<3>()); // [B, frames, 2 * bins]
+        let re = spec.clone().slice([0..batch, 0..n_frames, 0..self.bins]);
+        let im = spec.slice([0..batch, 0..n_frames, self.bins..2 * self.bins]);
+        let power = re.clone() * re + im.clone() * im; // [B, frames, bins]
+        let mel = power.matmul(self.filterbank.clone().unsqueeze::<3>());
         let logmel = (mel + self.cfg.log_zero_guard_value).log(); // [B, frames, features]
 
         let frame_lens: Vec<usize> =

@@ -1,6 +1,7 @@
 //! The FastConformer-TDT model: mel front end, encoder, prediction network, joint.
 
 pub mod config;
+pub mod conv;
 pub mod decoder;
 pub mod encoder;
 pub mod mel;
@@ -53,6 +54,11 @@ impl<B: Backend> TdtModel<B> {
         let enc = self.encoder.forward(features, &enc_lens);
         let t = enc.dims()[1];
         (enc, enc_lens.into_iter().map(|n| n.min(t)).collect())
+    }
+
+    /// The blank's index.
+    pub fn prediction_blank(&self) -> usize {
+        self.prediction.blank()
     }
 
     /// Joint logits `[B, T', U + 1, V + 1 + D]` for encodings and targets `[B, U]`.

@@ -1,0 +1,246 @@
+//! Training configuration: a model preset, overridden by a TOML file with NeMo-like names.
+//!
+//! ```toml
+//! preset = "tiny"                 # or "parakeet-tdt-0.6b"
+//! [model.encoder]                 # any field of the preset may be overridden
+//! n_layers = 4
+//! [optim]
+//! lr = 1e-3
+//! [train]
+//! max_steps = 500
+//! [sampler]
+//! max_batch_seconds = 60.0
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::sampler::SamplerConfig;
+use crate::model::ModelConfig;
+use crate::tdt::TdtOptions;
+
+/// Optimizer and learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate (of phase 2 when the encoder starts frozen).
+    pub lr: f64,
+    /// Linear warmup steps to `lr` (counted from `unfreeze_step` in phase 2).
+    pub warmup_steps: u64,
+    /// Floor of the cosine decay, reached at `max_steps`.
+    pub min_lr: f64,
+    /// Encoder frozen for optimizer steps `[0, unfreeze_step)` (0: never frozen).
+    pub unfreeze_step: u64,
+    /// Peak learning rate while the encoder is frozen.
+    pub phase1_lr: f64,
+    /// Warmup steps of phase 1.
+    pub phase1_warmup_steps: u64,
+    /// AdamW betas.
+    pub betas: (f64, f64),
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0: off).
+    pub grad_clip: f64,
+    /// Scale the learning rate by (realized step audio seconds / reference_batch_seconds).
+    pub scale_lr_by_batch: bool,
+    /// Reference audio seconds per optimizer step for that scaling.
+    pub reference_batch_seconds: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            lr: 1e-3,
+            warmup_steps: 20,
+            min_lr: 1e-5,
+            unfreeze_step: 0,
+            phase1_lr: 3e-4,
+            phase1_warmup_steps: 20,
+            betas: (0.9, 0.98),
+            eps: 1e-8,
+            weight_decay: 1e-3,
+            grad_clip: 1.0,
+            scale_lr_by_batch: false,
+            reference_batch_seconds: 360.0,
+        }
+    }
+}
+
+impl OptimConfig {
+    /// Learning rate of optimizer step `step` (0-based) out of `max_steps`: linear warmup, then
+    /// cosine decay to `min_lr`; with a frozen phase, phase 1 has its own warmup to `phase1_lr`
+    /// and phase 2 restarts with `warmup_steps` to `lr`. A pure function of the step, so resuming
+    /// needs no scheduler state.
+    pub fn lr_at(&self, step: u64, max_steps: u64) -> f64 {
+        let warm = |s: u64, w: u64, peak: f64| {
+            if w == 0 {
+                peak
+            } else {
+                peak * ((s + 1) as f64 / w as f64).min(1.0)
+            }
+        };
+        if step < self.unfreeze_step {
+            return warm(step, self.phase1_warmup_steps, self.phase1_lr);
+        }
+        let s = step - self.unfreeze_step;
+        let total = max_steps.saturating_sub(self.unfreeze_step).max(1);
+        if s < self.warmup_steps {
+            return warm(s, self.warmup_steps, self.lr);
+        }
+        let span = total.saturating_sub(self.warmup_steps).max(1);
+        let progress = ((s - self.warmup_steps) as f64 / span as f64).min(1.0);
+        self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+    }
+}
+
+/// The loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoopConfig {
+    /// Optimizer steps to train.
+    pub max_steps: u64,
+    /// Micro-batches per optimizer step (the sampler trims each rank's batches to a multiple).
+    pub grad_accum: u32,
+    /// Checkpoint every this many optimizer steps (0: only at the end).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept (oldest removed first; 0: keep all).
+    pub keep_checkpoints: usize,
+    /// Abort after this many skipped (non-finite) optimizer steps in a row.
+    pub max_consecutive_skips: u64,
+    /// Validate every this many optimizer steps when a validation corpus is given (0: off).
+    pub val_every: u64,
+    /// Utterances decoded per validation.
+    pub val_utterances: usize,
+    /// Seed of everything random (sampler, dither, SpecAugment, loss branch draws).
+    pub seed: u64,
+    /// Background batch-assembly threads.
+    pub loader_workers: usize,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        LoopConfig {
+            max_steps: 100,
+            grad_accum: 4,
+            checkpoint_every: 50,
+            keep_checkpoints: 3,
+            max_consecutive_skips: 20,
+            val_every: 0,
+            val_utterances: 200,
+            seed: 0,
+            loader_workers: 2,
+        }
+    }
+}
+
+/// Everything `asrt train` needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Base model preset (`tiny`, `parakeet-tdt-0.6b`).
+    pub preset: String,
+    /// The model (the preset with the file's overrides).
+    pub model: ModelConfig,
+    /// Optimizer and schedule.
+    pub optim: OptimConfig,
+    /// Loop.
+    pub train: LoopConfig,
+    /// Batch plan.
+    pub sampler: SamplerConfig,
+    /// TDT loss (its `durations` are the model's).
+    pub loss: TdtOptions,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            preset: "tiny".into(),
+            model: ModelConfig::tiny(),
+            optim: OptimConfig::default(),
+            train: LoopConfig::default(),
+            sampler: SamplerConfig::default(),
+            loss: TdtOptions::default(),
+        }
+    }
+}
+
+/// Merges `over` into `base`, table by table.
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+impl TrainConfig {
+    /// Parses a TOML config: `preset` chooses the base model, every other key overrides it.
+    /// Unknown keys are errors (naming the key).
+    pub fn from_toml(text: &str) -> Result<TrainConfig, String> {
+        let over: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
+        let preset = over.get("preset").and_then(|p| p.as_str()).unwrap_or("tiny").to_owned();
+        let model = ModelConfig::preset(&preset).ok_or_else(|| {
+            format!("unknown preset {preset:?} (known: tiny, parakeet-tdt-0.6b)")
+        })?;
+        let base = TrainConfig { preset, model, ..TrainConfig::default() };
+        let mut value = toml::Value::try_from(&base).map_err(|e| e.to_string())?;
+        merge(&mut value, over);
+        let mut cfg: TrainConfig = value.try_into().map_err(|e: toml::de::Error| e.to_string())?;
+        cfg.loss.durations = cfg.model.durations.clone();
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the parts fit together.
+    pub fn validate(&self) -> Result<(), String> {
+        self.model.validate()?;
+        self.loss.validate().map_err(|e| e.to_string())?;
+        if self.loss.durations != self.model.durations {
+            return Err("loss.durations must equal model.durations".into());
+        }
+        if self.train.grad_accum == 0 || self.train.max_steps == 0 {
+            return Err("train.grad_accum and train.max_steps must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_the_preset_and_rejects_unknown_keys() {
+        let c = TrainConfig::from_toml(
+            "preset = \"parakeet-tdt-0.6b\"\n[model.encoder]\nn_layers = 2\n[optim]\nlr = 0.5\n",
+        )
+        .unwrap();
+        assert_eq!(c.model.encoder.n_layers, 2);
+        assert_eq!(c.model.encoder.d_model, 1024, "the rest of the preset stays");
+        assert_eq!(c.optim.lr, 0.5);
+        let e = TrainConfig::from_toml("[optim]\nlearning_rate = 1.0\n").unwrap_err();
+        assert!(e.contains("learning_rate"), "{e}");
+        assert!(TrainConfig::from_toml("preset = \"huge\"").unwrap_err().contains("huge"));
+    }
+
+    #[test]
+    fn schedule_warms_up_decays_and_restarts_after_unfreezing() {
+        let o = OptimConfig { lr: 1.0, warmup_steps: 10, min_lr: 0.0, ..OptimConfig::default() };
+        assert!((o.lr_at(0, 100) - 0.1).abs() < 1e-12);
+        assert!((o.lr_at(9, 100) - 1.0).abs() < 1e-12);
+        assert!(o.lr_at(50, 100) < 1.0 && o.lr_at(50, 100) > 0.0);
+        assert!(o.lr_at(99, 100) < 0.01);
+        let f = OptimConfig { unfreeze_step: 20, phase1_lr: 0.3, phase1_warmup_steps: 5, ..o };
+        assert!((f.lr_at(4, 100) - 0.3).abs() < 1e-12);
+        assert!((f.lr_at(20, 100) - 0.1).abs() < 1e-12, "phase 2 warms up again");
+    }
+}

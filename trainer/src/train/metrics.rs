@@ -1,0 +1,126 @@
+//! Training metrics: one JSON line per optimizer step, and a loss-curve plot (SVG) beside them.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One optimizer step's record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// Optimizer steps done, including this one.
+    pub step: u64,
+    /// Micro-batches done in the whole run.
+    pub micro_batches: u64,
+    /// Mean loss over the step's micro-batches (NaN when skipped).
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the step was skipped (non-finite loss or gradient).
+    pub skipped: bool,
+    /// Audio seconds in the step.
+    pub audio_seconds: f64,
+    /// Utterances in the step.
+    pub utterances: u64,
+    /// Audio seconds per wall second for this step.
+    pub audio_seconds_per_second: f64,
+    /// Utterances per language in the step.
+    pub languages: BTreeMap<String, u64>,
+    /// Epoch of the batch plan.
+    pub epoch: u64,
+    /// Validation results, on steps that validated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<serde_json::Value>,
+}
+
+/// Appends metrics and redraws the plot.
+#[derive(Debug)]
+pub struct MetricsLog {
+    path: PathBuf,
+    file: std::fs::File,
+    losses: Vec<(u64, f64)>,
+}
+
+impl MetricsLog {
+    /// Opens (appending) `dir/metrics.jsonl`; earlier lines up to `keep_until_step` are kept for
+    /// the plot, later ones (from an interrupted run being resumed) are dropped.
+    pub fn open(dir: &Path, keep_until_step: u64) -> std::io::Result<MetricsLog> {
+        let path = dir.join("metrics.jsonl");
+        let mut kept = Vec::new();
+        let mut losses = Vec::new();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for line in text.lines() {
+                if let Ok(m) = serde_json::from_str::<StepMetrics>(line) {
+                    if m.step <= keep_until_step {
+                        if m.loss.is_finite() {
+                            losses.push((m.step, m.loss));
+                        }
+                        kept.push(line.to_owned());
+                    }
+                }
+            }
+        }
+        let mut file = std::fs::File::create(&path)?;
+        for line in kept {
+            writeln!(file, "{line}")?;
+        }
+        Ok(MetricsLog { path, file, losses })
+    }
+
+    /// Appends a step.
+    pub fn push(&mut self, m: &StepMetrics) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.file, m)?;
+        self.file.write_all(b"\n")?;
+        if m.loss.is_finite() {
+            self.losses.push((m.step, m.loss));
+        }
+        Ok(())
+    }
+
+    /// Writes `loss.svg` beside the metrics.
+    pub fn plot(&self) -> std::io::Result<()> {
+        let svg = loss_svg(&self.losses);
+        let path = self.path.with_file_name("loss.svg");
+        std::fs::write(path, svg)
+    }
+}
+
+/// A line plot of loss against step, as a standalone SVG document.
+pub fn loss_svg(points: &[(u64, f64)]) -> String {
+    let (w, h, m) = (640.0, 360.0, 48.0);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    if points.is_empty() {
+        s.push_str("<text x=\"20\" y=\"30\">no finite loss yet</text>\n</svg>\n");
+        return s;
+    }
+    let x0 = points[0].0 as f64;
+    let x1 = (points[points.len() - 1].0 as f64).max(x0 + 1.0);
+    let lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let hi = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max).max(lo + 1e-9);
+    let px = |x: f64| m + (x - x0) / (x1 - x0) * (w - 2.0 * m);
+    let py = |y: f64| h - m - (y - lo) / (hi - lo) * (h - 2.0 * m);
+    let line: Vec<String> =
+        points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x as f64), py(y))).collect();
+    s.push_str(&format!(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+        line.join(" ")
+    ));
+    s.push_str(&format!(
+        "<line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <text x=\"{m}\" y=\"{t}\">step {x0}</text><text x=\"{r}\" y=\"{t}\" text-anchor=\"end\">step {x1}</text>\n\
+         <text x=\"4\" y=\"{m}\">{hi:.3}</text><text x=\"4\" y=\"{b}\">{lo:.3}</text>\n\
+         <text x=\"{c}\" y=\"20\" text-anchor=\"middle\">training loss</text>\n</svg>\n",
+        b = h - m,
+        r = w - m,
+        t = h - m + 18.0,
+        c = w / 2.0,
+    ));
+    s
+}

@@ -1,0 +1,295 @@
+//! Single-device training: AdamW with warmup and cosine decay, the two-phase schedule (encoder
+//! frozen until `unfreeze_step`), gradient accumulation, global-norm clipping, non-finite
+//! detection, atomic checkpoints and exact resume.
+//!
+//! The step is written for data parallelism: an optimizer step takes the micro-batches one rank
+//! was dealt (`EpochPlan::step_batches(step, rank)`), so a multi-device loop runs one
+//! [`Trainer`] per device and reduces gradients between `gradients` and `apply`.
+//!
+//! Everything random is a pure function of (seed, counter): the backend is reseeded before each
+//! micro-batch from the run's micro-batch count (dither, dropout), SpecAugment masks come from a
+//! host generator seeded the same way, and the loss's `omega` draws from its call count. With
+//! the checkpointed model, optimizer state, counters and sampler position, a resumed run repeats
+//! the uninterrupted one bit for bit on the CPU backend.
+
+pub mod checkpoint;
+pub mod config;
+pub mod grads;
+pub mod metrics;
+pub mod run;
+
+use std::collections::BTreeMap;
+
+use asr_corpus::synth::SplitMix64;
+use asr_corpus::Corpus;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::data::batcher::{Audio, PaddedBatch};
+use crate::model::mel::MelFrontend;
+use crate::model::{ModelConfig, TdtModel};
+use crate::tdt::op::{TdtBackend, TdtLoss};
+pub use config::TrainConfig;
+use metrics::StepMetrics;
+
+/// Why training stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Too many optimizer steps in a row had a non-finite loss or gradient.
+    #[error(
+        "{steps} optimizer steps in a row had a non-finite loss or gradient (limit \
+         train.max_consecutive_skips); the last one's utterances: {utterances}"
+    )]
+    NonFinite {
+        /// Steps skipped in a row.
+        steps: u64,
+        /// Segment ids of the last skipped step's batch.
+        utterances: String,
+    },
+    /// The loss rejected a batch's shapes (a bug or a corrupt batch).
+    #[error("TDT loss: {0}")]
+    Loss(#[from] crate::tdt::TdtError),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// One optimizer step's gradients before they are applied.
+pub struct StepGradients {
+    /// Accumulated gradients (mean over the micro-batches).
+    pub grads: GradientsParams,
+    /// Mean loss over the finite micro-batches.
+    pub loss: f64,
+    /// Whether a micro-batch had a non-finite loss.
+    pub non_finite: bool,
+    /// Audio seconds and utterances.
+    pub audio_seconds: f64,
+    /// Utterances.
+    pub utterances: u64,
+}
+
+/// Model, optimizer, front end and counters of one device.
+pub struct Trainer<B: AutodiffBackend + TdtBackend> {
+    /// The configuration.
+    pub cfg: TrainConfig,
+    /// The model.
+    pub model: TdtModel<B>,
+    /// AdamW.
+    pub optim: OptimizerAdaptor<AdamW, TdtModel<B>, B>,
+    /// The loss (its call count is part of the run's state).
+    pub loss: TdtLoss,
+    frontend: MelFrontend<B>,
+    /// Device.
+    pub device: B::Device,
+    /// Tokens in the vocabulary (blank is this index).
+    pub vocab: usize,
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Micro-batches done.
+    pub micro: u64,
+    /// Steps skipped in all.
+    pub skipped: u64,
+    /// Steps skipped in a row.
+    pub consecutive_skips: u64,
+}
+
+/// A 64-bit mix of a seed and a counter (SplitMix64's finaliser).
+pub fn mix(seed: u64, counter: u64) -> u64 {
+    SplitMix64::new(seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
+}
+
+/// SpecAugment masks `[B, T, F]` (1 keep, 0 masked) from a host generator.
+pub fn spec_augment_mask(
+    cfg: &crate::model::config::SpecAugmentConfig,
+    frame_lens: &[usize],
+    t: usize,
+    f: usize,
+    seed: u64,
+) -> Vec<f32> {
+    let mut rng = SplitMix64::new(seed);
+    let mut below = |n: usize| if n == 0 { 0 } else { (rng.next_u64() % n as u64) as usize };
+    let mut mask = vec![1f32; frame_lens.len() * t * f];
+    for (b, &len) in frame_lens.iter().enumerate() {
+        let m = &mut mask[b * t * f..(b + 1) * t * f];
+        for _ in 0..cfg.freq_masks {
+            let w = below(cfg.freq_width + 1).min(f);
+            let f0 = below(f - w + 1);
+            for row in m.chunks_exact_mut(f) {
+                row[f0..f0 + w].iter_mut().for_each(|x| *x = 0.0);
+            }
+        }
+        let max_w = ((cfg.time_width * len as f64) as usize).max(1);
+        for _ in 0..cfg.time_masks {
+            let w = below(max_w + 1).min(len);
+            let t0 = below(len - w + 1);
+            m[t0 * f..(t0 + w) * f].iter_mut().for_each(|x| *x = 0.0);
+        }
+    }
+    mask
+}
+
+impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
+    /// A fresh model and optimizer for a vocabulary of `vocab` tokens.
+    pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
+        cfg.validate().map_err(TrainError::Other)?;
+        B::seed(&device, mix(cfg.train.seed, u64::MAX));
+        let model = TdtModel::new(&cfg.model, vocab, &device);
+        let o = &cfg.optim;
+        let optim = AdamWConfig::new()
+            .with_beta_1(o.betas.0 as f32)
+            .with_beta_2(o.betas.1 as f32)
+            .with_epsilon(o.eps as f32)
+            .with_weight_decay(o.weight_decay as f32)
+            .init::<B, TdtModel<B>>();
+        let loss = TdtLoss::new(cfg.loss.clone(), mix(cfg.train.seed, 1))?;
+        let frontend = MelFrontend::new(&cfg.model.preprocessor, &device);
+        Ok(Trainer {
+            cfg,
+            model,
+            optim,
+            loss,
+            frontend,
+            device,
+            vocab,
+            step: 0,
+            micro: 0,
+            skipped: 0,
+            consecutive_skips: 0,
+        })
+    }
+
+    /// The loss of one padded batch (a scalar tensor; differentiable).
+    pub fn batch_loss(&mut self, batch: &PaddedBatch, train: bool) -> Result<Tensor<B, 1>, TrainError> {
+        let cfg: &ModelConfig = &self.cfg.model;
+        let b = batch.size();
+        let Audio::I16(pcm) = &batch.audio else {
+            return Err(TrainError::Other("the trainer takes 16-bit batches".into()));
+        };
+        let (feats, frame_lens) = self.frontend.forward(pcm, b, &batch.audio_lens, train, &self.device);
+        let feats = if train {
+            let [_, t, f] = feats.dims();
+            let mask = spec_augment_mask(&cfg.spec_augment, &frame_lens, t, f, mix(self.cfg.train.seed ^ 0x5eca, self.micro));
+            feats * Tensor::<B, 3>::from_data(TensorData::new(mask, [b, t, f]), &self.device)
+        } else {
+            feats
+        };
+        let (enc, enc_lens) = self.model.encode(cfg, feats, &frame_lens);
+        let u = batch.max_tokens;
+        let ids: Vec<i64> = batch.tokens.iter().map(|&x| i64::from(x)).collect();
+        let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, u]), &self.device);
+        let logits = self.model.logits(enc, targets);
+        let token_lens: Vec<usize> = batch.token_lens.iter().map(|&n| n as usize).collect();
+        let out = self.loss.forward(logits, &batch.tokens, &enc_lens, &token_lens)?;
+        Ok(out.loss)
+    }
+
+    /// Forward and backward over one rank's micro-batches of an optimizer step.
+    pub fn gradients(&mut self, batches: &[PaddedBatch]) -> Result<StepGradients, TrainError> {
+        let n = batches.len().max(1) as f64;
+        let mut accum = GradientsAccumulator::<TdtModel<B>>::new();
+        let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0usize, false);
+        let (mut audio_seconds, mut utterances) = (0.0, 0u64);
+        for batch in batches {
+            B::seed(&self.device, mix(self.cfg.train.seed, self.micro));
+            let loss = self.batch_loss(batch, true)?;
+            self.micro += 1;
+            audio_seconds += batch.seconds;
+            utterances += batch.size() as u64;
+            let value: f32 = loss.clone().into_scalar().elem();
+            if !value.is_finite() {
+                non_finite = true;
+                continue;
+            }
+            loss_sum += f64::from(value);
+            finite += 1;
+            let grads = loss.div_scalar(n).backward();
+            accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+        }
+        Ok(StepGradients {
+            grads: accum.grads(),
+            loss: if finite > 0 { loss_sum / finite as f64 } else { f64::NAN },
+            non_finite,
+            audio_seconds,
+            utterances,
+        })
+    }
+
+    /// Learning rate of the current step for a step of `audio_seconds`.
+    pub fn lr(&self, audio_seconds: f64) -> f64 {
+        let o = &self.cfg.optim;
+        let base = o.lr_at(self.step, self.cfg.train.max_steps);
+        if o.scale_lr_by_batch && o.reference_batch_seconds > 0.0 {
+            base * audio_seconds / o.reference_batch_seconds
+        } else {
+            base
+        }
+    }
+
+    /// Clips and applies gradients, or skips the step when they are not finite. Returns the
+    /// metrics (without throughput fields) and, when skipped, nothing applied.
+    pub fn apply(&mut self, mut g: StepGradients) -> (f64, f64, bool) {
+        if self.step < self.cfg.optim.unfreeze_step {
+            grads::drop_grads(&self.model.encoder, &mut g.grads);
+        }
+        let norm = grads::global_norm(&self.model, &g.grads);
+        let lr = self.lr(g.audio_seconds);
+        let skip = g.non_finite || !norm.is_finite() || g.loss.is_nan();
+        if skip {
+            self.skipped += 1;
+            self.consecutive_skips += 1;
+        } else {
+            let clip = self.cfg.optim.grad_clip;
+            if clip > 0.0 && norm > clip {
+                grads::scale(&self.model, &mut g.grads, clip / norm);
+            }
+            self.model = self.optim.step(lr, self.model.clone(), g.grads);
+            self.consecutive_skips = 0;
+        }
+        self.step += 1;
+        (lr, norm, skip)
+    }
+
+    /// One optimizer step over `batches`, with the metrics record.
+    pub fn train_step(
+        &mut self,
+        batches: &[PaddedBatch],
+        corpus: &Corpus,
+        epoch: u64,
+    ) -> Result<StepMetrics, TrainError> {
+        let started = std::time::Instant::now();
+        let g = self.gradients(batches)?;
+        let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
+        let (lr, grad_norm, skipped) = self.apply(g);
+        if skipped && self.consecutive_skips > self.cfg.train.max_consecutive_skips {
+            let ids: Vec<String> = batches
+                .iter()
+                .flat_map(|b| b.indices.iter())
+                .map(|&i| corpus.text(i as usize).map(|t| t.0).unwrap_or_else(|_| format!("#{i}")))
+                .collect();
+            return Err(TrainError::NonFinite { steps: self.consecutive_skips, utterances: ids.join(", ") });
+        }
+        let mut languages = BTreeMap::new();
+        for b in batches {
+            for &i in &b.indices {
+                *languages.entry(corpus.language_code(i as usize).to_owned()).or_insert(0u64) += 1;
+            }
+        }
+        let wall = started.elapsed().as_secs_f64().max(1e-9);
+        Ok(StepMetrics {
+            step: self.step,
+            micro_batches: self.micro,
+            loss: if skipped { f64::NAN } else { loss },
+            lr,
+            grad_norm,
+            skipped,
+            audio_seconds,
+            utterances,
+            audio_seconds_per_second: audio_seconds / wall,
+            languages,
+            epoch,
+            validation: None,
+        })
+    }
+}
