@@ -1,6 +1,7 @@
-//! End-to-end checks across implementations: the Rust reader and the independent Python reader
-//! (format-spec/reference/read_corpus.py, written from SPEC.md) agree on every corpus the Rust
-//! writer makes, and both reject corrupted ones.
+//! End-to-end checks across implementations and packages: the Rust reader and the independent
+//! Python reader (format-spec/reference/read_corpus.py, written from SPEC.md) agree on every
+//! corpus the Rust writer makes, and both reject corrupted ones; the bundled example compiles,
+//! trains, checkpoints, resumes exactly and evaluates (`training` module).
 
 #![allow(clippy::unwrap_used, clippy::type_complexity, missing_docs)]
 
@@ -9,6 +10,8 @@ use std::process::Command;
 
 use asr_corpus::synth::SynthSpec;
 use asr_corpus::{Corpus, CorpusWriter, WriterOptions};
+
+mod training;
 
 fn python_reader() -> PathBuf {
     std::path::PathBuf::from(

@@ -256,7 +256,13 @@ impl<B: Backend> Decoder<'_, B> {
                 .collect()
         });
         let (out, next) = self.model.prediction.step(labels, state);
-        let pred = self.model.joint.project_prediction(out).into_data().to_vec::<f32>().unwrap_or_default();
+        let pred = self
+            .model
+            .joint
+            .project_prediction(out)
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap_or_default();
         let host = |t: Tensor<B, 2>| t.into_data().to_vec::<f32>().unwrap_or_default();
         let hs: Vec<Vec<f32>> = next.iter().map(|s| host(s.hidden.clone())).collect();
         let cs: Vec<Vec<f32>> = next.iter().map(|s| host(s.cell.clone())).collect();
@@ -314,7 +320,8 @@ pub fn evaluate<B: Backend>(
     let pieces = Pieces::parse(corpus.tokenizer_model())?;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
     let frontend = MelFrontend::<B>::new(&cfg.preprocessor, device);
-    let opts = GreedyOptions { vocab: vocab + 1, durations: cfg.durations.clone(), max_symbols: Some(10) };
+    let opts =
+        GreedyOptions { vocab: vocab + 1, durations: cfg.durations.clone(), max_symbols: Some(10) };
     let mut order = indices.to_vec();
     order.sort_by_key(|&i| corpus.num_samples()[i]);
     let mut out = Evaluation::default();
@@ -323,7 +330,8 @@ pub fn evaluate<B: Backend>(
     while start < order.len() {
         let mut end = start + 1;
         while end < order.len()
-            && (end + 1 - start) as f64 * f64::from(corpus.num_samples()[order[end]]) / rate <= batch_seconds
+            && (end + 1 - start) as f64 * f64::from(corpus.num_samples()[order[end]]) / rate
+                <= batch_seconds
         {
             end += 1;
         }
@@ -365,6 +373,34 @@ mod tests {
     fn edit_distance_counts_substitutions_insertions_deletions() {
         assert_eq!(edit_distance(&["a", "b", "c"], &["a", "x", "c", "d"]), 2);
         assert_eq!(edit_distance::<char>(&[], &['a', 'b']), 2);
-        assert_eq!(edit_distance(&['k', 'i', 't', 't', 'e', 'n'], &['s', 'i', 't', 't', 'i', 'n', 'g']), 3);
+        assert_eq!(
+            edit_distance(&['k', 'i', 't', 't', 'e', 'n'], &['s', 'i', 't', 't', 'i', 'n', 'g']),
+            3
+        );
     }
+}
+
+/// Decodes the first `limit` utterances of `corpus` (all with `None`) with a checkpoint's model
+/// on the CPU backend.
+pub fn evaluate_checkpoint_cpu(
+    ckpt: &std::path::Path,
+    corpus: &Corpus,
+    limit: Option<usize>,
+    batch_seconds: f64,
+) -> Result<Evaluation, String> {
+    type Cpu = burn::backend::NdArray;
+    let state = crate::train::checkpoint::load_state(ckpt)?;
+    let vocab = corpus.metadata().tokenizer.vocab_size as usize;
+    if vocab != state.vocab {
+        return Err(format!(
+            "the corpus has a vocabulary of {vocab}, the checkpoint {}",
+            state.vocab
+        ));
+    }
+    let device = Default::default();
+    let model = TdtModel::<Cpu>::new(&state.config.model, vocab, &device);
+    let model = crate::train::checkpoint::load_model(ckpt, model, &device)?;
+    let n = limit.unwrap_or(corpus.len()).min(corpus.len());
+    let indices: Vec<usize> = (0..n).collect();
+    evaluate(&model, &state.config.model, corpus, &indices, batch_seconds, &device)
 }

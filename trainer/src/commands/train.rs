@@ -7,15 +7,19 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use asr_corpus::Corpus;
-use burn::backend::{Autodiff, NdArray};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{EvalArgs, TrainArgs};
-use crate::eval::{evaluate, Evaluation};
+#[cfg(feature = "cuda")]
+use crate::eval::evaluate;
+use crate::eval::Evaluation;
+#[cfg(feature = "cuda")]
 use crate::model::TdtModel;
 use crate::train::checkpoint;
 use crate::train::metrics::StepMetrics;
-use crate::train::run::{run as run_training, RunOptions};
+#[cfg(feature = "cuda")]
+use crate::train::run::run as run_training;
+use crate::train::run::RunOptions;
 use crate::train::TrainConfig;
 
 enum Device {
@@ -40,7 +44,8 @@ fn parse_device(s: &str) -> anyhow::Result<Device> {
 fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     let mut cfg = match &args.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             TrainConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
         }
         None => TrainConfig::default(),
@@ -63,7 +68,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     };
     let accum = cfg.train.grad_accum;
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
-        let bar = ProgressBar::with_draw_target(Some(cfg.train.max_steps), ProgressDrawTarget::stderr());
+        let bar =
+            ProgressBar::with_draw_target(Some(cfg.train.max_steps), ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(
             "{elapsed_precise} [{bar:25}] step {pos}/{len} {msg} ETA {eta}",
         )
@@ -92,9 +98,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let summary = match parse_device(&args.device)? {
-        Device::Cpu => run_training::<Autodiff<NdArray>>(cfg, &opts, Default::default(), &mut on_step)?,
+        Device::Cpu => crate::train::run::run_cpu(cfg, &opts, &mut on_step)?,
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) => run_training::<Autodiff<burn::backend::Cuda>>(
+        Device::Cuda(n) => run_training::<burn::backend::Autodiff<burn::backend::Cuda>>(
             cfg,
             &opts,
             burn::backend::cuda::CudaDevice::new(n),
@@ -129,12 +135,19 @@ pub fn resolve_checkpoint(p: &Path) -> anyhow::Result<PathBuf> {
             return Ok(c);
         }
     }
-    bail!("{}: no checkpoint (expected state.json, or a `latest` file in it or in its checkpoints/)", p.display())
+    bail!(
+        "{}: no checkpoint (expected state.json, or a `latest` file in it or in its checkpoints/)",
+        p.display()
+    )
 }
 
 fn table(e: &Evaluation) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "{:<8} {:>6} {:>8} {:>8} {:>8} {:>8}", "language", "utts", "words", "WER %", "chars", "CER %");
+    let _ = writeln!(
+        o,
+        "{:<8} {:>6} {:>8} {:>8} {:>8} {:>8}",
+        "language", "utts", "words", "WER %", "chars", "CER %"
+    );
     let mut row = |name: &str, r: &crate::eval::ErrorRates| {
         let _ = writeln!(
             o,
@@ -157,26 +170,29 @@ fn table(e: &Evaluation) -> String {
 pub fn eval(args: &EvalArgs) -> anyhow::Result<ExitCode> {
     let ckpt = resolve_checkpoint(&args.checkpoint)?;
     let state = checkpoint::load_state(&ckpt).map_err(anyhow::Error::msg)?;
-    let corpus = Corpus::open(&args.corpus).with_context(|| format!("opening {}", args.corpus.display()))?;
+    let corpus =
+        Corpus::open(&args.corpus).with_context(|| format!("opening {}", args.corpus.display()))?;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
     if vocab != state.vocab {
-        bail!("{} has a vocabulary of {vocab}, the checkpoint {}", args.corpus.display(), state.vocab);
+        bail!(
+            "{} has a vocabulary of {vocab}, the checkpoint {}",
+            args.corpus.display(),
+            state.vocab
+        );
     }
-    let n = args.limit.unwrap_or(corpus.len()).min(corpus.len());
-    let indices: Vec<usize> = (0..n).collect();
-    let cfg = &state.config.model;
     let result = match parse_device(&args.device)? {
         Device::Cpu => {
-            let device = Default::default();
-            let model = TdtModel::<NdArray>::new(cfg, vocab, &device);
-            let model = checkpoint::load_model(&ckpt, model, &device).map_err(anyhow::Error::msg)?;
-            evaluate(&model, cfg, &corpus, &indices, args.batch_seconds, &device)
+            crate::eval::evaluate_checkpoint_cpu(&ckpt, &corpus, args.limit, args.batch_seconds)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
+            let cfg = &state.config.model;
+            let count = args.limit.unwrap_or(corpus.len()).min(corpus.len());
+            let indices: Vec<usize> = (0..count).collect();
             let device = burn::backend::cuda::CudaDevice::new(n);
             let model = TdtModel::<burn::backend::Cuda>::new(cfg, vocab, &device);
-            let model = checkpoint::load_model(&ckpt, model, &device).map_err(anyhow::Error::msg)?;
+            let model =
+                checkpoint::load_model(&ckpt, model, &device).map_err(anyhow::Error::msg)?;
             evaluate(&model, cfg, &corpus, &indices, args.batch_seconds, &device)
         }
         #[cfg(not(feature = "cuda"))]

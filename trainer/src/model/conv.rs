@@ -10,7 +10,11 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 
-fn uniform<B: Backend, const D: usize>(shape: [usize; D], fan_in: usize, device: &B::Device) -> Tensor<B, D> {
+fn uniform<B: Backend, const D: usize>(
+    shape: [usize; D],
+    fan_in: usize,
+    device: &B::Device,
+) -> Tensor<B, D> {
     // PyTorch's default for convolutions: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
     let bound = 1.0 / (fan_in as f64).sqrt();
     Tensor::random(shape, Distribution::Uniform(-bound, bound), device)
@@ -101,7 +105,8 @@ impl<B: Backend> Conv3x3S2<B> {
         let mut out: Option<Tensor<B, 4>> = None;
         for (r, row) in rows.into_iter().enumerate() {
             for (k, view) in taps(row, 2).into_iter().enumerate() {
-                let w = self.weight.val().slice([r * 3 + k..r * 3 + k + 1, 0..c]).reshape([1, 1, 1, c]);
+                let w =
+                    self.weight.val().slice([r * 3 + k..r * 3 + k + 1, 0..c]).reshape([1, 1, 1, c]);
                 let term = view * w;
                 out = Some(match out {
                     Some(o) => o + term,
@@ -187,7 +192,10 @@ mod tests {
                                 }
                             }
                             let g = got[((bi * ho + i) * wo + j) * c + ch];
-                            assert!((f64::from(g) - acc).abs() < 1e-5, "{h}x{w} ({i},{j},{ch}): {g} vs {acc}");
+                            assert!(
+                                (f64::from(g) - acc).abs() < 1e-5,
+                                "{h}x{w} ({i},{j},{ch}): {g} vs {acc}"
+                            );
                         }
                     }
                 }
@@ -212,7 +220,8 @@ mod tests {
                     for j in 0..k {
                         let src = i as i64 + j as i64 - (k / 2) as i64;
                         if (0..t as i64).contains(&src) {
-                            acc += f64::from(ws[j * c + ch]) * f64::from(xs[(b * t + src as usize) * c + ch]);
+                            acc += f64::from(ws[j * c + ch])
+                                * f64::from(xs[(b * t + src as usize) * c + ch]);
                         }
                     }
                     let g = got[(b * t + i) * c + ch];

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::optim::Optimizer;
 use burn::prelude::*;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
@@ -111,7 +111,11 @@ pub fn load_state(ckpt: &Path) -> Result<TrainState, String> {
 }
 
 /// Loads a checkpoint's model weights into `model`.
-pub fn load_model<B: Backend, M: Module<B>>(ckpt: &Path, model: M, device: &B::Device) -> Result<M, String> {
+pub fn load_model<B: Backend, M: Module<B>>(
+    ckpt: &Path,
+    model: M,
+    device: &B::Device,
+) -> Result<M, String> {
     model
         .load_file(ckpt.join("model"), &recorder(), device)
         .map_err(|e| err("reading", &ckpt.join("model.mpk"), e))
@@ -137,4 +141,24 @@ pub fn restore<B: AutodiffBackend + TdtBackend>(
     trainer.skipped = state.skipped;
     trainer.consecutive_skips = state.consecutive_skips;
     Ok(())
+}
+
+/// Every float parameter of a checkpoint's model, in module order, read on the CPU backend
+/// (for comparing runs value for value).
+pub fn cpu_parameters(ckpt: &Path) -> Result<Vec<Vec<f32>>, String> {
+    use burn::module::{ModuleVisitor, Param};
+    type Cpu = burn::backend::NdArray;
+    struct Collect(Vec<Vec<f32>>);
+    impl ModuleVisitor<Cpu> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Cpu, D>>) {
+            self.0.push(param.val().into_data().to_vec::<f32>().unwrap_or_default());
+        }
+    }
+    let state = load_state(ckpt)?;
+    let device = Default::default();
+    let model = crate::model::TdtModel::<Cpu>::new(&state.config.model, state.vocab, &device);
+    let model = load_model(ckpt, model, &device)?;
+    let mut c = Collect(Vec::new());
+    model.visit(&mut c);
+    Ok(c.0)
 }

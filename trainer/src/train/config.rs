@@ -90,7 +90,8 @@ impl OptimConfig {
         }
         let span = total.saturating_sub(self.warmup_steps).max(1);
         let progress = ((s - self.warmup_steps) as f64 / span as f64).min(1.0);
-        self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+        self.min_lr
+            + 0.5 * (self.lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
 }
 
@@ -188,9 +189,8 @@ impl TrainConfig {
     pub fn from_toml(text: &str) -> Result<TrainConfig, String> {
         let over: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
         let preset = over.get("preset").and_then(|p| p.as_str()).unwrap_or("tiny").to_owned();
-        let model = ModelConfig::preset(&preset).ok_or_else(|| {
-            format!("unknown preset {preset:?} (known: tiny, parakeet-tdt-0.6b)")
-        })?;
+        let model = ModelConfig::preset(&preset)
+            .ok_or_else(|| format!("unknown preset {preset:?} (known: tiny, parakeet-tdt-0.6b)"))?;
         let base = TrainConfig { preset, model, ..TrainConfig::default() };
         let mut value = toml::Value::try_from(&base).map_err(|e| e.to_string())?;
         merge(&mut value, over);

@@ -43,7 +43,11 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
 }
 
 /// Scales `module`'s gradients by `factor`.
-pub fn scale<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &mut GradientsParams, factor: f64) {
+pub fn scale<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    factor: f64,
+) {
     module.visit(&mut Scale { grads, factor });
 }
 

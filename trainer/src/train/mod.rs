@@ -161,16 +161,27 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     }
 
     /// The loss of one padded batch (a scalar tensor; differentiable).
-    pub fn batch_loss(&mut self, batch: &PaddedBatch, train: bool) -> Result<Tensor<B, 1>, TrainError> {
+    pub fn batch_loss(
+        &mut self,
+        batch: &PaddedBatch,
+        train: bool,
+    ) -> Result<Tensor<B, 1>, TrainError> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
         let Audio::I16(pcm) = &batch.audio else {
             return Err(TrainError::Other("the trainer takes 16-bit batches".into()));
         };
-        let (feats, frame_lens) = self.frontend.forward(pcm, b, &batch.audio_lens, train, &self.device);
+        let (feats, frame_lens) =
+            self.frontend.forward(pcm, b, &batch.audio_lens, train, &self.device);
         let feats = if train {
             let [_, t, f] = feats.dims();
-            let mask = spec_augment_mask(&cfg.spec_augment, &frame_lens, t, f, mix(self.cfg.train.seed ^ 0x5eca, self.micro));
+            let mask = spec_augment_mask(
+                &cfg.spec_augment,
+                &frame_lens,
+                t,
+                f,
+                mix(self.cfg.train.seed ^ 0x5eca, self.micro),
+            );
             feats * Tensor::<B, 3>::from_data(TensorData::new(mask, [b, t, f]), &self.device)
         } else {
             feats
@@ -268,7 +279,10 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 .flat_map(|b| b.indices.iter())
                 .map(|&i| corpus.text(i as usize).map(|t| t.0).unwrap_or_else(|_| format!("#{i}")))
                 .collect();
-            return Err(TrainError::NonFinite { steps: self.consecutive_skips, utterances: ids.join(", ") });
+            return Err(TrainError::NonFinite {
+                steps: self.consecutive_skips,
+                utterances: ids.join(", "),
+            });
         }
         let mut languages = BTreeMap::new();
         for b in batches {

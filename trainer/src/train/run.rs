@@ -60,7 +60,8 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
         return Err(other("the corpus has no tokenizer vocabulary"));
     }
     let ckpt_dir = opts.out.join("checkpoints");
-    std::fs::create_dir_all(&opts.out).map_err(|e| other(format!("{}: {e}", opts.out.display())))?;
+    std::fs::create_dir_all(&opts.out)
+        .map_err(|e| other(format!("{}: {e}", opts.out.display())))?;
     let mut trainer = Trainer::<B>::new(cfg.clone(), vocab, device)?;
     let durations = Durations::Samples {
         samples: corpus.num_samples(),
@@ -69,7 +70,11 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
     let languages = corpus.languages().to_vec();
     let tokenizer_xxh3 = meta.tokenizer.model_xxh3.clone();
 
-    let (mut plan, mut epoch_step) = match opts.resume.then(|| checkpoint::latest(&ckpt_dir)).flatten() {
+    let (mut plan, mut epoch_step) = match opts
+        .resume
+        .then(|| checkpoint::latest(&ckpt_dir))
+        .flatten()
+    {
         Some(ckpt) => {
             let state = checkpoint::load_state(&ckpt).map_err(other)?;
             if state.config.model != cfg.model || state.vocab != vocab {
@@ -78,7 +83,9 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
                     ckpt.display()
                 )));
             }
-            if state.corpus_utterances != corpus.len() as u64 || state.tokenizer_xxh3 != tokenizer_xxh3 {
+            if state.corpus_utterances != corpus.len() as u64
+                || state.tokenizer_xxh3 != tokenizer_xxh3
+            {
                 return Err(other(format!(
                     "{} was trained on another corpus ({} utterances, tokenizer {})",
                     ckpt.display(),
@@ -92,14 +99,16 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             (plan, state.sampler.step)
         }
         None => {
-            let plan = EpochPlan::build(durations, &languages, &cfg.sampler, 0, 1, cfg.train.grad_accum)
-                .map_err(other)?;
+            let plan =
+                EpochPlan::build(durations, &languages, &cfg.sampler, 0, 1, cfg.train.grad_accum)
+                    .map_err(other)?;
             (plan, 0)
         }
     };
     let mut log = MetricsLog::open(&opts.out, trainer.step).map_err(other)?;
     let target = opts.stop_at.unwrap_or(cfg.train.max_steps).min(cfg.train.max_steps);
-    let mut summary = RunSummary { steps: trainer.step, skipped: 0, checkpoint: None, metrics: Vec::new() };
+    let mut summary =
+        RunSummary { steps: trainer.step, skipped: 0, checkpoint: None, metrics: Vec::new() };
     let save = |trainer: &Trainer<B>, plan: &EpochPlan, epoch_step: u64| {
         let state = TrainState {
             step: trainer.step,
@@ -132,7 +141,11 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             Arc::clone(&plan_arc),
             0,
             epoch_step,
-            LoaderConfig { format: AudioFormat::I16, workers: cfg.train.loader_workers.max(1), ..LoaderConfig::default() },
+            LoaderConfig {
+                format: AudioFormat::I16,
+                workers: cfg.train.loader_workers.max(1),
+                ..LoaderConfig::default()
+            },
         );
         let mut pending: Vec<PaddedBatch> = Vec::new();
         for mb in loader {
@@ -162,8 +175,15 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             break;
         }
         // Next epoch.
-        plan = EpochPlan::build(durations, &languages, &cfg.sampler, plan.epoch() + 1, 1, cfg.train.grad_accum)
-            .map_err(other)?;
+        plan = EpochPlan::build(
+            durations,
+            &languages,
+            &cfg.sampler,
+            plan.epoch() + 1,
+            1,
+            cfg.train.grad_accum,
+        )
+        .map_err(other)?;
         epoch_step = 0;
     }
     log.plot().map_err(other)?;
@@ -175,4 +195,14 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
 /// The checkpoint directory of a training output directory.
 pub fn checkpoint_dir(out: &Path) -> PathBuf {
     out.join("checkpoints")
+}
+
+/// [`run`] on the CPU backend. Instantiated here, in this (optimised) crate, so that callers in
+/// other crates do not compile the whole training step themselves.
+pub fn run_cpu(
+    cfg: TrainConfig,
+    opts: &RunOptions,
+    on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> Result<RunSummary, TrainError> {
+    run::<burn::backend::Autodiff<burn::backend::NdArray>>(cfg, opts, Default::default(), on_step)
 }

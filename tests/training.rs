@@ -1,0 +1,123 @@
+//! The bundled espeak-ng example, compiled by `asrc`'s library and trained by `asrt`'s on the
+//! CPU: loss goes down, a run split by a checkpoint and a resume equals the uninterrupted run
+//! value for value, evaluation runs and its figures are consistent.
+
+use std::path::{Path, PathBuf};
+
+use asr_compiler::compile::{compile, Input, Options};
+use asr_corpus::Corpus;
+use asr_trainer::eval::evaluate_checkpoint_cpu;
+use asr_trainer::train::checkpoint::{cpu_parameters, latest, load_state};
+use asr_trainer::train::run::{run_cpu, RunOptions};
+use asr_trainer::train::TrainConfig;
+
+fn example() -> PathBuf {
+    PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"))
+        .join("../examples/espeak")
+}
+
+fn compile_example(dir: &Path, max_duration: Option<f64>) -> PathBuf {
+    let out = dir.join("example.asrcorpus");
+    let mut o = Options::new(
+        Input::Manifest(example().join("manifest.parquet")),
+        out.clone(),
+        example().join("spm.model"),
+    );
+    o.max_duration = max_duration;
+    o.jobs = 2;
+    let s = compile(&o, &mut |_| {}).unwrap();
+    assert!(s.kept > 0);
+    out
+}
+
+fn config(text: &str) -> TrainConfig {
+    TrainConfig::from_toml(text).unwrap()
+}
+
+#[test]
+fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = compile_example(dir.path(), None);
+    let cfg = config(
+        "[train]\nmax_steps = 30\ngrad_accum = 2\ncheckpoint_every = 10\n\
+         [sampler]\nmax_batch_seconds = 12.0\n[optim]\nlr = 0.002\nwarmup_steps = 5\n",
+    );
+    let whole = dir.path().join("whole");
+    let opts = |out: &Path, resume, stop_at| RunOptions {
+        corpus: corpus.clone(),
+        out: out.to_path_buf(),
+        resume,
+        stop_at,
+    };
+    let a = run_cpu(cfg.clone(), &opts(&whole, false, None), &mut |_, _| {}).unwrap();
+    assert_eq!(a.steps, 30);
+    assert_eq!(a.skipped, 0);
+    // Several epochs of the small corpus; the loss of the last steps is well below the first's.
+    let first: f64 = a.metrics[..5].iter().map(|m| m.loss).sum::<f64>() / 5.0;
+    let last: f64 = a.metrics[25..].iter().map(|m| m.loss).sum::<f64>() / 5.0;
+    assert!(last < 0.9 * first, "loss {first:.2} -> {last:.2}");
+    assert!(a.metrics.iter().all(|m| m.micro_batches == 2 * m.step));
+    assert!(whole.join("loss.svg").is_file());
+    assert_eq!(std::fs::read_to_string(whole.join("metrics.jsonl")).unwrap().lines().count(), 30);
+
+    // 10 steps + resume + 20 steps (two more checkpoints on the way) = 30 steps.
+    let split = dir.path().join("split");
+    let b1 = run_cpu(cfg.clone(), &opts(&split, false, Some(10)), &mut |_, _| {}).unwrap();
+    assert_eq!(b1.steps, 10);
+    let b2 = run_cpu(cfg.clone(), &opts(&split, true, None), &mut |_, _| {}).unwrap();
+    assert_eq!(b2.steps, 30);
+    assert_eq!(b2.metrics.len(), 20, "the resumed run did only the remaining steps");
+    for (x, y) in a.metrics[10..].iter().zip(&b2.metrics) {
+        assert_eq!(
+            (x.step, x.loss.to_bits(), x.grad_norm.to_bits()),
+            (y.step, y.loss.to_bits(), y.grad_norm.to_bits())
+        );
+    }
+    let ca = latest(&whole.join("checkpoints")).unwrap();
+    let cb = latest(&split.join("checkpoints")).unwrap();
+    let (pa, pb) = (cpu_parameters(&ca).unwrap(), cpu_parameters(&cb).unwrap());
+    assert_eq!(pa.len(), pb.len());
+    for (x, y) in pa.iter().zip(&pb) {
+        let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "a parameter differs after resume");
+    }
+    assert_eq!(load_state(&ca).unwrap().sampler, load_state(&cb).unwrap().sampler);
+    // The metrics file of the resumed run is the whole run's.
+    assert_eq!(std::fs::read_to_string(split.join("metrics.jsonl")).unwrap().lines().count(), 30);
+
+    // Evaluation decodes every utterance; the overall figures are the sums of the languages'.
+    let c = Corpus::open(&corpus).unwrap();
+    let e = evaluate_checkpoint_cpu(&ca, &c, None, 60.0).unwrap();
+    assert_eq!(e.utterances.len(), c.len());
+    let words: u64 = e.languages.values().map(|r| r.words).sum();
+    assert_eq!(words, e.overall.words);
+    assert!(e.overall.words > 100);
+    assert_eq!(e.utterances[0].reference, c.text(0).unwrap().1);
+}
+
+/// A tiny model memorises five utterances. Slow (minutes): `cargo test -p asr-e2e -- --ignored`.
+#[test]
+#[ignore]
+fn tiny_model_overfits_five_utterances() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = compile_example(dir.path(), Some(1.78));
+    let c = Corpus::open(&corpus).unwrap();
+    assert_eq!(c.len(), 5);
+    let cfg = config(
+        "[model.spec_augment]\nfreq_masks = 0\ntime_masks = 0\n\
+         [optim]\nlr = 0.002\nwarmup_steps = 20\nmin_lr = 0.0002\n\
+         [train]\nmax_steps = 300\ngrad_accum = 1\ncheckpoint_every = 0\n\
+         [sampler]\nmax_batch_seconds = 30.0\n",
+    );
+    let out = dir.path().join("run");
+    let opts =
+        RunOptions { corpus: corpus.clone(), out: out.clone(), resume: false, stop_at: None };
+    run_cpu(cfg, &opts, &mut |_, _| {}).unwrap();
+    let e = evaluate_checkpoint_cpu(&latest(&out.join("checkpoints")).unwrap(), &c, None, 60.0)
+        .unwrap();
+    for u in &e.utterances {
+        eprintln!("{}: {:?} -> {:?}", u.language, u.reference, u.hypothesis);
+    }
+    eprintln!("training WER {:.3}, CER {:.3}", e.overall.wer, e.overall.cer);
+    assert!(e.overall.cer <= 0.05, "CER {:.3}", e.overall.cer);
+}
