@@ -49,8 +49,11 @@ fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
     None
 }
 
-/// Walks the fields of one protobuf message: (field number, wire type, payload).
-fn fields(b: &[u8]) -> Option<Vec<(u64, u8, &[u8], u64)>> {
+/// One protobuf field: number, wire type, length-delimited payload, varint value.
+type Field<'a> = (u64, u8, &'a [u8], u64);
+
+/// Walks the fields of one protobuf message.
+fn fields(b: &[u8]) -> Option<Vec<Field<'_>>> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < b.len() {
@@ -365,21 +368,6 @@ pub fn evaluate<B: Backend>(
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edit_distance_counts_substitutions_insertions_deletions() {
-        assert_eq!(edit_distance(&["a", "b", "c"], &["a", "x", "c", "d"]), 2);
-        assert_eq!(edit_distance::<char>(&[], &['a', 'b']), 2);
-        assert_eq!(
-            edit_distance(&['k', 'i', 't', 't', 'e', 'n'], &['s', 'i', 't', 't', 'i', 'n', 'g']),
-            3
-        );
-    }
-}
-
 /// Decodes the first `limit` utterances of `corpus` (all with `None`) with a checkpoint's model
 /// on the CPU backend.
 pub fn evaluate_checkpoint_cpu(
@@ -403,4 +391,19 @@ pub fn evaluate_checkpoint_cpu(
     let n = limit.unwrap_or(corpus.len()).min(corpus.len());
     let indices: Vec<usize> = (0..n).collect();
     evaluate(&model, &state.config.model, corpus, &indices, batch_seconds, &device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_substitutions_insertions_deletions() {
+        assert_eq!(edit_distance(&["a", "b", "c"], &["a", "x", "c", "d"]), 2);
+        assert_eq!(edit_distance::<char>(&[], &['a', 'b']), 2);
+        assert_eq!(
+            edit_distance(&['k', 'i', 't', 't', 'e', 'n'], &['s', 'i', 't', 't', 'i', 'n', 'g']),
+            3
+        );
+    }
 }

@@ -13,7 +13,7 @@ mod text_rules;
 mod tokenize;
 mod validate;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 
 /// Runs `asrc` with `args`.

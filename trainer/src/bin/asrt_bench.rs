@@ -5,6 +5,11 @@
 //! - `batches CORPUS`: assemble every padded batch of an epoch on one thread from a page-cached
 //!   corpus; audio-seconds per second.
 //!
+//! - `train-step CORPUS`: optimizer steps of the `tiny` model on the CPU backend; median step
+//!   time and audio-seconds per second.
+//! - `model-shape`: parameter count of a preset and the time of one forward pass (front end,
+//!   encoder, prediction network, joint) on the CPU backend.
+//!
 //! Each prints one JSON object. Run one measurement per process so peak-memory figures are not
 //! mixed up.
 
@@ -58,6 +63,30 @@ enum Bench {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
+    /// Optimizer steps of the tiny model on a corpus (CPU backend).
+    TrainStep {
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        steps: u64,
+        #[arg(long, default_value_t = 20.0)]
+        max_batch_seconds: f64,
+    },
+    /// Parameter count and one forward pass of a preset (CPU backend).
+    ModelShape {
+        #[arg(long, default_value = "parakeet-tdt-0.6b")]
+        preset: String,
+        /// Audio seconds of the one utterance.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Target tokens.
+        #[arg(long, default_value_t = 20)]
+        tokens: usize,
+        /// Vocabulary (Parakeet: 1024).
+        #[arg(long, default_value_t = 1024)]
+        vocab: usize,
+        #[arg(long, default_value_t = 2)]
+        repeats: usize,
+    },
     /// Assemble every batch of an epoch from a corpus on this thread.
     Batches {
         corpus: PathBuf,
@@ -91,6 +120,12 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let out = match Args::parse().bench {
+        Bench::TrainStep { corpus, steps, max_batch_seconds } => {
+            train_step_bench(&corpus, steps, max_batch_seconds)?
+        }
+        Bench::ModelShape { preset, seconds, tokens, vocab, repeats } => {
+            model_shape_bench(&preset, seconds, tokens, vocab, repeats)?
+        }
         Bench::Plan { utterances, repeats, world_size, write_inputs } => {
             let (d, l) = lognormal_zipf(utterances, 12, 7, 5.0);
             let (_, _, _, before) = memory();
@@ -268,5 +303,113 @@ fn tdt_bench(
         "forward_backward_over_log_softmax": fb / sm,
         "forward_backward_over_plain_log_softmax": fb / pl,
         "all": {"log_softmax": softmax, "plain_log_softmax": plain, "forward": forward, "forward_backward": fwd_bwd},
+    }))
+}
+
+fn train_step_bench(
+    path: &std::path::Path,
+    steps: u64,
+    max_batch_seconds: f64,
+) -> anyhow::Result<serde_json::Value> {
+    use asr_trainer::train::{TrainConfig, Trainer};
+    type B = burn::backend::Autodiff<burn::backend::NdArray>;
+    let corpus = Corpus::open(path).with_context(|| path.display().to_string())?;
+    let mut cfg = TrainConfig::default();
+    cfg.train.grad_accum = 1;
+    cfg.train.max_steps = steps + 2;
+    cfg.sampler.max_batch_seconds = max_batch_seconds;
+    let vocab = corpus.metadata().tokenizer.vocab_size as usize;
+    let params;
+    let mut trainer = Trainer::<B>::new(cfg.clone(), vocab, Default::default())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    {
+        use burn::module::Module;
+        params = trainer.model.num_params();
+    }
+    let rate = f64::from(corpus.header().sample_rate);
+    let mut times = Vec::new();
+    let mut rates = Vec::new();
+    let mut epoch = 0;
+    'outer: loop {
+        let plan = EpochPlan::build(
+            Durations::Samples { samples: corpus.num_samples(), rate },
+            corpus.languages(),
+            &cfg.sampler,
+            epoch,
+            1,
+            1,
+        )?;
+        anyhow::ensure!(plan.steps() > 0, "no step in an epoch of this corpus");
+        for step in 0..plan.steps() {
+            let batches: Vec<_> = plan
+                .step_batches(step, 0)
+                .iter()
+                .filter(|&&b| b != IDLE)
+                .map(|&b| {
+                    assemble(&corpus, plan.batch(b), ShapeQuantum::default(), AudioFormat::I16)
+                })
+                .collect();
+            let t = Instant::now();
+            let m =
+                trainer.train_step(&batches, &corpus, epoch).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let dt = t.elapsed().as_secs_f64();
+            // The first two steps warm allocators and caches.
+            if trainer.step > 2 {
+                times.push(dt);
+                rates.push(m.audio_seconds / dt);
+            }
+            if trainer.step >= steps + 2 {
+                break 'outer;
+            }
+        }
+        epoch += 1;
+    }
+    Ok(json!({
+        "bench": "train_step", "preset": "tiny", "parameters": params, "steps": times.len(),
+        "max_batch_seconds": max_batch_seconds,
+        "step_seconds_median": median(times.clone()), "audio_seconds_per_second_median": median(rates),
+        "step_seconds_all": times,
+    }))
+}
+
+fn model_shape_bench(
+    preset: &str,
+    seconds: f64,
+    tokens: usize,
+    vocab: usize,
+    repeats: usize,
+) -> anyhow::Result<serde_json::Value> {
+    use asr_trainer::model::mel::MelFrontend;
+    use asr_trainer::model::{ModelConfig, TdtModel};
+    use burn::module::Module;
+    use burn::prelude::*;
+    type B = burn::backend::NdArray;
+    let cfg = ModelConfig::preset(preset).with_context(|| format!("unknown preset {preset}"))?;
+    let device = Default::default();
+    let t = Instant::now();
+    let model = TdtModel::<B>::new(&cfg, vocab, &device);
+    let init = t.elapsed().as_secs_f64();
+    let params = model.num_params();
+    let frontend = MelFrontend::<B>::new(&cfg.preprocessor, &device);
+    let n = (seconds * 16_000.0) as usize;
+    let pcm: Vec<i16> = (0..n).map(|i| ((i as f64 * 0.05).sin() * 8000.0) as i16).collect();
+    let targets: Vec<i64> = (0..tokens).map(|i| (i * 7 % vocab) as i64).collect();
+    let mut times = Vec::new();
+    let mut shape = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let t = Instant::now();
+        let (feats, lens) = frontend.forward(&pcm, 1, &[n as u32], false, &device);
+        let (enc, _) = model.encode(&cfg, feats, &lens);
+        let y =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(targets.clone(), [1, tokens]), &device);
+        let logits = model.logits(enc, y);
+        shape = logits.dims().to_vec();
+        let _ = logits.into_data();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(json!({
+        "bench": "model_shape", "preset": preset, "parameters": params, "init_seconds": init,
+        "audio_seconds": seconds, "tokens": tokens, "vocab": vocab, "logits_shape": shape,
+        "forward_seconds_median": median(times.clone()), "forward_seconds_all": times,
     }))
 }

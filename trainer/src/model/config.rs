@@ -205,7 +205,7 @@ impl ModelConfig {
     /// Checks the numbers fit together.
     pub fn validate(&self) -> Result<(), String> {
         let e = &self.encoder;
-        if e.d_model == 0 || e.n_heads == 0 || e.d_model % e.n_heads != 0 {
+        if e.d_model == 0 || e.n_heads == 0 || !e.d_model.is_multiple_of(e.n_heads) {
             return Err(format!(
                 "encoder.d_model {} must be a multiple of n_heads {}",
                 e.d_model, e.n_heads
@@ -217,7 +217,7 @@ impl ModelConfig {
                 e.subsampling_factor
             ));
         }
-        if e.conv_kernel_size % 2 == 0 {
+        if e.conv_kernel_size.is_multiple_of(2) {
             return Err(format!("encoder.conv_kernel_size {} must be odd", e.conv_kernel_size));
         }
         let p = &self.preprocessor;

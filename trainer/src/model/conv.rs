@@ -74,7 +74,7 @@ fn taps<B: Backend>(x: Tensor<B, 4>, dim: usize) -> [Tensor<B, 4>; 3] {
 /// Pads a dimension with one zero row when its length is odd.
 fn pad_even<B: Backend>(x: Tensor<B, 4>, dim: usize) -> Tensor<B, 4> {
     let dims = x.dims();
-    if dims[dim] % 2 == 0 {
+    if dims[dim].is_multiple_of(2) {
         return x;
     }
     let mut z = dims;
