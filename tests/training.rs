@@ -48,6 +48,7 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
         out: out.to_path_buf(),
         resume,
         stop_at,
+        val_corpus: None,
     };
     let a = run_cpu(cfg.clone(), &opts(&whole, false, None), &mut |_, _| {}).unwrap();
     assert_eq!(a.steps, 30);
@@ -106,13 +107,24 @@ fn tiny_model_overfits_five_utterances() {
     let cfg = config(
         "[model.spec_augment]\nfreq_masks = 0\ntime_masks = 0\n\
          [optim]\nlr = 0.002\nwarmup_steps = 20\nmin_lr = 0.0002\n\
-         [train]\nmax_steps = 300\ngrad_accum = 1\ncheckpoint_every = 0\n\
+         [train]\nmax_steps = 300\ngrad_accum = 1\ncheckpoint_every = 0\nval_every = 100\n\
          [sampler]\nmax_batch_seconds = 30.0\n",
     );
     let out = dir.path().join("run");
-    let opts =
-        RunOptions { corpus: corpus.clone(), out: out.clone(), resume: false, stop_at: None };
-    run_cpu(cfg, &opts, &mut |_, _| {}).unwrap();
+    let opts = RunOptions {
+        corpus: corpus.clone(),
+        out: out.clone(),
+        resume: false,
+        stop_at: None,
+        val_corpus: Some(corpus.clone()),
+    };
+    let summary = run_cpu(cfg, &opts, &mut |_, _| {}).unwrap();
+    let validated: Vec<f64> = summary
+        .metrics
+        .iter()
+        .filter_map(|m| m.validation.as_ref().and_then(|v| v["cer"].as_f64()))
+        .collect();
+    assert_eq!(validated.len(), 3, "validation at steps 100, 200, 300");
     let e = evaluate_checkpoint_cpu(&latest(&out.join("checkpoints")).unwrap(), &c, None, 60.0)
         .unwrap();
     for u in &e.utterances {

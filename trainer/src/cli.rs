@@ -74,6 +74,10 @@ pub struct TrainArgs {
     /// max_steps (for splitting a run).
     #[arg(long)]
     pub stop_at: Option<u64>,
+    /// Validation corpus (same tokenizer): decoded every train.val_every steps (first
+    /// train.val_utterances utterances); WER and CER go into the metrics line.
+    #[arg(long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub val_corpus: Option<PathBuf>,
     /// `cpu`, or `cuda:N` (needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     pub device: String,

@@ -65,6 +65,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         out: args.out.clone(),
         resume: args.resume,
         stop_at: args.stop_at,
+        val_corpus: args.val_corpus.clone(),
     };
     let accum = cfg.train.grad_accum;
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
@@ -89,6 +90,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
             m.audio_seconds_per_second,
             if m.skipped { " SKIPPED (non-finite)" } else { "" }
         );
+        let msg = match m.validation.as_ref().and_then(|v| v.get("wer")).and_then(|w| w.as_f64()) {
+            Some(w) => format!("{msg} val WER {:.1} %", 100.0 * w),
+            None => msg,
+        };
         if let Some(bar) = &bar {
             bar.set_length(target);
             bar.set_position(m.step);

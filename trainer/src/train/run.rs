@@ -25,6 +25,8 @@ pub struct RunOptions {
     pub resume: bool,
     /// Stop (with a checkpoint) once this many optimizer steps are done, before `max_steps`.
     pub stop_at: Option<u64>,
+    /// Corpus to decode every `train.val_every` steps (WER/CER into the metrics line).
+    pub val_corpus: Option<PathBuf>,
 }
 
 /// What a run did.
@@ -106,6 +108,19 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
         }
     };
     let mut log = MetricsLog::open(&opts.out, trainer.step).map_err(other)?;
+    let val = match &opts.val_corpus {
+        Some(p) => {
+            let c = Corpus::open(p).map_err(|e| other(format!("{}: {e}", p.display())))?;
+            if c.metadata().tokenizer.vocab_size as usize != vocab {
+                return Err(other(format!(
+                    "{}: another vocabulary than the training corpus",
+                    p.display()
+                )));
+            }
+            Some(c)
+        }
+        None => None,
+    };
     let target = opts.stop_at.unwrap_or(cfg.train.max_steps).min(cfg.train.max_steps);
     let mut summary =
         RunSummary { steps: trainer.step, skipped: 0, checkpoint: None, metrics: Vec::new() };
@@ -156,8 +171,21 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             if mb.slot as usize + 1 < slots {
                 continue;
             }
-            let m = trainer.train_step(&pending, &corpus, plan.epoch())?;
+            let mut m = trainer.train_step(&pending, &corpus, plan.epoch())?;
             pending.clear();
+            let every = cfg.train.val_every;
+            if let (Some(vc), true) = (&val, every > 0 && trainer.step % every == 0) {
+                let n = cfg.train.val_utterances.min(vc.len());
+                let indices: Vec<usize> = (0..n).collect();
+                let model = burn::module::AutodiffModule::valid(&trainer.model);
+                let e =
+                    crate::eval::evaluate(&model, &cfg.model, vc, &indices, 60.0, &trainer.device)
+                        .map_err(other)?;
+                m.validation = Some(serde_json::json!({
+                    "utterances": n, "wer": e.overall.wer, "cer": e.overall.cer,
+                    "languages": e.languages.iter().map(|(l, r)| (l.clone(), serde_json::json!({"wer": r.wer, "cer": r.cer}))).collect::<serde_json::Map<_, _>>(),
+                }));
+            }
             epoch_step = mb.step + 1;
             log.push(&m).map_err(other)?;
             on_step(&m, target);
