@@ -346,7 +346,7 @@ pub fn evaluate<B: Backend>(
             let x = corpus.pcm(i);
             row[..x.len()].copy_from_slice(x);
         }
-        let (feats, frame_lens) = frontend.forward(&pcm, batch.len(), &lens, false, device);
+        let (feats, frame_lens) = frontend.forward(&pcm, batch.len(), &lens, None, device);
         let (enc, enc_lens) = model.encode(cfg, feats, &frame_lens);
         let t_max = enc.dims()[1];
         let proj = model.joint.project_encoder(enc);
@@ -386,7 +386,7 @@ pub fn evaluate_checkpoint_cpu(
         ));
     }
     let device = Default::default();
-    let model = TdtModel::<Cpu>::new(&state.config.model, vocab, &device);
+    let model = TdtModel::<Cpu>::new(&state.config.model, vocab, 0, &device);
     let model = crate::train::checkpoint::load_model(ckpt, model, &device)?;
     let n = limit.unwrap_or(corpus.len()).min(corpus.len());
     let indices: Vec<usize> = (0..n).collect();

@@ -387,7 +387,7 @@ fn model_shape_bench(
     let cfg = ModelConfig::preset(preset).with_context(|| format!("unknown preset {preset}"))?;
     let device = Default::default();
     let t = Instant::now();
-    let model = TdtModel::<B>::new(&cfg, vocab, &device);
+    let model = TdtModel::<B>::new(&cfg, vocab, 0, &device);
     let init = t.elapsed().as_secs_f64();
     let params = model.num_params();
     let frontend = MelFrontend::<B>::new(&cfg.preprocessor, &device);
@@ -398,7 +398,7 @@ fn model_shape_bench(
     let mut shape = Vec::new();
     for _ in 0..repeats.max(1) {
         let t = Instant::now();
-        let (feats, lens) = frontend.forward(&pcm, 1, &[n as u32], false, &device);
+        let (feats, lens) = frontend.forward(&pcm, 1, &[n as u32], None, &device);
         let (enc, _) = model.encode(&cfg, feats, &lens);
         let y =
             Tensor::<B, 2, Int>::from_data(TensorData::new(targets.clone(), [1, tokens]), &device);

@@ -195,7 +195,7 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<ExitCode> {
             let count = args.limit.unwrap_or(corpus.len()).min(corpus.len());
             let indices: Vec<usize> = (0..count).collect();
             let device = burn::backend::cuda::CudaDevice::new(n);
-            let model = TdtModel::<burn::backend::Cuda>::new(cfg, vocab, &device);
+            let model = TdtModel::<burn::backend::Cuda>::new(cfg, vocab, 0, &device);
             let model =
                 checkpoint::load_model(&ckpt, model, &device).map_err(anyhow::Error::msg)?;
             evaluate(&model, cfg, &corpus, &indices, args.batch_seconds, &device)

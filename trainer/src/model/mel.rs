@@ -10,7 +10,6 @@
 //! the whole front end is tensor operations on the device.
 
 use burn::prelude::*;
-use burn::tensor::Distribution;
 
 use super::config::PreprocessorConfig;
 
@@ -69,6 +68,22 @@ pub fn mel_filterbank(sample_rate: u32, n_fft: usize, n_mels: usize) -> Vec<f64>
     fb
 }
 
+/// `n` Gaussian samples of standard deviation `scale` (Box-Muller over SplitMix64).
+fn gaussian(n: usize, seed: u64, scale: f64) -> Vec<f32> {
+    let mut rng = asr_corpus::synth::SplitMix64::new(seed);
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let u1 = rng.next_f64().max(f64::MIN_POSITIVE);
+        let u2 = rng.next_f64();
+        let r = (-2.0 * u1.ln()).sqrt() * scale;
+        let a = 2.0 * std::f64::consts::PI * u2;
+        out.push((r * a.cos()) as f32);
+        out.push((r * a.sin()) as f32);
+    }
+    out.truncate(n);
+    out
+}
+
 /// Frames the front end produces for `samples` input samples.
 pub fn frames(cfg: &PreprocessorConfig, samples: usize) -> usize {
     samples / cfg.window_stride + 1
@@ -112,13 +127,15 @@ impl<B: Backend> MelFrontend<B> {
     }
 
     /// Features `[batch, frames, features]` and valid frames per utterance, from padded 16-bit
-    /// PCM `[batch, samples]` (row-major) and each utterance's sample count.
+    /// PCM `[batch, samples]` (row-major) and each utterance's sample count. With
+    /// `dither_seed` (training) Gaussian dither is added, drawn on the host from that seed so
+    /// that it depends on nothing else (no global generator).
     pub fn forward(
         &self,
         pcm: &[i16],
         batch: usize,
         lens: &[u32],
-        train: bool,
+        dither_seed: Option<u64>,
         device: &B::Device,
     ) -> (Tensor<B, 3>, Vec<usize>) {
         let samples = pcm.len() / batch.max(1);
@@ -130,10 +147,9 @@ impl<B: Backend> MelFrontend<B> {
             .flat_map(|b| (0..samples).map(move |t| if (t as u32) < lens[b] { 1.0 } else { 0.0 }))
             .collect();
         let valid = Tensor::<B, 2>::from_data(TensorData::new(valid, [batch, samples]), device);
-        if train && self.cfg.dither > 0.0 {
-            let noise =
-                Tensor::<B, 2>::random([batch, samples], Distribution::Normal(0.0, 1.0), device);
-            x = x + noise.mul_scalar(self.cfg.dither);
+        if let (Some(seed), true) = (dither_seed, self.cfg.dither > 0.0) {
+            let noise = gaussian(batch * samples, seed, self.cfg.dither);
+            x = x + Tensor::<B, 2>::from_data(TensorData::new(noise, [batch, samples]), device);
         }
         if self.cfg.preemph != 0.0 && samples > 1 {
             let head = x.clone().slice([0..batch, 0..1]);

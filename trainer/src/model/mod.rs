@@ -25,10 +25,16 @@ pub struct TdtModel<B: Backend> {
 }
 
 impl<B: Backend> TdtModel<B> {
-    /// A freshly initialised model for `vocab` tokens (blank is `vocab`).
-    pub fn new(cfg: &ModelConfig, vocab: usize, device: &B::Device) -> Self {
+    /// A freshly initialised model for `vocab` tokens (blank is `vocab`), its weights drawn
+    /// from `seed`. Burn's initialisers draw from the backend's generator, which is global to
+    /// the process: every model is built under one lock, right after seeding, so two models
+    /// built at once (tests, several devices) cannot take each other's draws.
+    pub fn new(cfg: &ModelConfig, vocab: usize, seed: u64, device: &B::Device) -> Self {
+        static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        B::seed(device, seed);
         let outputs = vocab + 1 + cfg.durations.len();
-        TdtModel {
+        let model = TdtModel {
             encoder: Encoder::new(&cfg.encoder, cfg.preprocessor.features, device),
             prediction: Prediction::new(&cfg.decoder, vocab, device),
             joint: Joint::new(
@@ -38,7 +44,10 @@ impl<B: Backend> TdtModel<B> {
                 outputs,
                 device,
             ),
-        }
+        };
+        // Burn initialises parameters lazily, on first use; draw them now, under the lock.
+        model.visit(&mut Materialize);
+        model
     }
 
     /// Encodes features `[B, T, F]` with `frame_lens` valid frames: `[B, T', d]` and valid
@@ -65,6 +74,15 @@ impl<B: Backend> TdtModel<B> {
     pub fn logits(&self, enc: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 4> {
         let pred = self.prediction.forward(targets);
         self.joint.forward(enc, pred)
+    }
+}
+
+/// Touches every parameter so that lazily initialised ones are drawn.
+struct Materialize;
+
+impl<B: Backend> burn::module::ModuleVisitor<B> for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+        let _ = param.val();
     }
 }
 

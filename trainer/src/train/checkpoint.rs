@@ -156,7 +156,7 @@ pub fn cpu_parameters(ckpt: &Path) -> Result<Vec<Vec<f32>>, String> {
     }
     let state = load_state(ckpt)?;
     let device = Default::default();
-    let model = crate::model::TdtModel::<Cpu>::new(&state.config.model, state.vocab, &device);
+    let model = crate::model::TdtModel::<Cpu>::new(&state.config.model, state.vocab, 0, &device);
     let model = load_model(ckpt, model, &device)?;
     let mut c = Collect(Vec::new());
     model.visit(&mut c);

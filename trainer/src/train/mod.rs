@@ -6,9 +6,11 @@
 //! was dealt (`EpochPlan::step_batches(step, rank)`), so a multi-device loop runs one
 //! [`Trainer`] per device and reduces gradients between `gradients` and `apply`.
 //!
-//! Everything random is a pure function of (seed, counter): the backend is reseeded before each
-//! micro-batch from the run's micro-batch count (dither, dropout), SpecAugment masks come from a
-//! host generator seeded the same way, and the loss's `omega` draws from its call count. With
+//! Everything random is a pure function of (seed, counter): dither and SpecAugment masks are drawn
+//! on the host from (seed, micro-batch count), the loss's `omega` from its call count, initial
+//! weights from the seed (`TdtModel::new`, under a process-wide lock). Dropout uses the backend's generator,
+//! reseeded before each micro-batch; it is process-global, so two trainers with dropout in one
+//! process would interleave their draws (the tiny preset has no dropout). With
 //! the checkpointed model, optimizer state, counters and sampler position, a resumed run repeats
 //! the uninterrupted one bit for bit on the CPU backend.
 
@@ -134,8 +136,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// A fresh model and optimizer for a vocabulary of `vocab` tokens.
     pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
         cfg.validate().map_err(TrainError::Other)?;
-        B::seed(&device, mix(cfg.train.seed, u64::MAX));
-        let model = TdtModel::new(&cfg.model, vocab, &device);
+        let model = TdtModel::new(&cfg.model, vocab, mix(cfg.train.seed, u64::MAX), &device);
         let o = &cfg.optim;
         let optim = AdamWConfig::new()
             .with_beta_1(o.betas.0 as f32)
@@ -168,11 +169,12 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     ) -> Result<Tensor<B, 1>, TrainError> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
+        let dither = train.then(|| mix(self.cfg.train.seed ^ 0xd1e5, self.micro));
         let Audio::I16(pcm) = &batch.audio else {
             return Err(TrainError::Other("the trainer takes 16-bit batches".into()));
         };
         let (feats, frame_lens) =
-            self.frontend.forward(pcm, b, &batch.audio_lens, train, &self.device);
+            self.frontend.forward(pcm, b, &batch.audio_lens, dither, &self.device);
         let feats = if train {
             let [_, t, f] = feats.dims();
             let mask = spec_augment_mask(

@@ -49,7 +49,7 @@ fn features_match_a_float64_numpy_reference() {
     let mut pcm = a.clone();
     pcm.extend(b.iter().copied());
     pcm.extend(std::iter::repeat_n(0, a.len() - b.len()));
-    let (feats, lens) = fe.forward(&pcm, 2, &[a.len() as u32, b.len() as u32], false, &device);
+    let (feats, lens) = fe.forward(&pcm, 2, &[a.len() as u32, b.len() as u32], None, &device);
     let [_, t, f] = feats.dims();
     let ours = feats.into_data().to_vec::<f32>().unwrap();
     let (mut worst, mut sum, mut n) = (0f64, 0f64, 0usize);
