@@ -241,6 +241,14 @@ fn shard(dir: &Path, rows: &[Meta<'_>], extra_index: &[(&str, &str)]) {
     );
 }
 
+fn compile_shards(root: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let model = example().join("spm.model");
+    let mut args = vec!["compile", "--shards", root.to_str().unwrap()];
+    args.extend(["--tokenizer", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    asrc(&args)
+}
+
 #[test]
 fn raw_shards_are_joined_filtered_and_labelled_from_their_path() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,23 +277,9 @@ fn raw_shards_are_joined_filtered_and_labelled_from_their_path() {
         &[],
     );
     let out_path = dir.path().join("s.asrcorpus");
-    let model = example().join("spm.model");
-    let out = asrc(&[
-        "compile",
-        "--shards",
-        root.to_str().unwrap(),
-        "--tokenizer",
-        model.to_str().unwrap(),
-        "-o",
-        out_path.to_str().unwrap(),
-        "--min-duration",
-        "0.5",
-        "--max-duration",
-        "20",
-        "--min-quality",
-        "0.5",
-        "--quiet",
-    ]);
+    let filters =
+        ["--min-duration", "0.5", "--max-duration", "20", "--min-quality", "0.5", "--quiet"];
+    let out = compile_shards(&root, &out_path, &filters);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (summary, lines) = report(&out_path);
     let reason = |id: &str| {
@@ -316,15 +310,7 @@ fn raw_shards_are_joined_filtered_and_labelled_from_their_path() {
 
     // A shard without its audio index is an error naming the file.
     std::fs::remove_file(root.join("tamil/shard-a/audio_index.parquet")).unwrap();
-    let out = asrc(&[
-        "compile",
-        "--shards",
-        root.to_str().unwrap(),
-        "--tokenizer",
-        model.to_str().unwrap(),
-        "-o",
-        out_path.to_str().unwrap(),
-    ]);
+    let out = compile_shards(&root, &out_path, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tamil/shard-a/audio_index.parquet"), "{err}");
