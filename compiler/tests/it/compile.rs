@@ -315,3 +315,33 @@ fn raw_shards_are_joined_filtered_and_labelled_from_their_path() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tamil/shard-a/audio_index.parquet"), "{err}");
 }
+
+#[test]
+fn relative_audio_paths_resolve_against_audio_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("manifest.parquet");
+    std::fs::copy(example().join("manifest.parquet"), &manifest).unwrap();
+    let model = example().join("spm.model");
+    let run = |out: &Path, extra: &[&str]| {
+        let mut args = vec!["compile", manifest.to_str().unwrap(), "--tokenizer"];
+        args.extend([model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quiet"]);
+        args.extend_from_slice(extra);
+        asrc(&args)
+    };
+    // Beside a manifest without its audio, every row with a file is missing...
+    let alone = dir.path().join("alone.asrcorpus");
+    assert!(run(&alone, &[]).status.success());
+    let (summary, _) = report(&alone);
+    assert_eq!(summary["kept"], 0);
+    assert_eq!(
+        summary["dropped_by_reason"]["missing_file"], 38,
+        "43 rows less 5 dropped before decoding"
+    );
+    // ...and with --audio-root the corpus is the one compiled in place, byte for byte.
+    let rooted = dir.path().join("rooted.asrcorpus");
+    let root = example();
+    assert!(run(&rooted, &["--audio-root", root.to_str().unwrap()]).status.success());
+    let (in_place_out, in_place) = compile(dir.path(), &["--quiet"]);
+    assert!(in_place_out.status.success());
+    assert_eq!(std::fs::read(&rooted).unwrap(), std::fs::read(&in_place).unwrap());
+}
