@@ -25,3 +25,15 @@ if rust["report"] != python:
     sys.exit(f"asrc validate and the Python reader disagree:\n{rust['report']}\n{python}")
 print(f"cross-reader check: 1 passed, 0 failed ({python['utterances']} utterances agree)")
 PY
+
+# README's first command, end to end: it must finish and leave every output it lists.
+bash scripts/quickstart.sh "$out/quickstart" > "$out/quickstart.log" 2>&1 || {
+  cat "$out/quickstart.log"; echo "quickstart: FAILED" >&2; exit 1; }
+for f in espeak.asrcorpus espeak.asrcorpus.report.json run/metrics.jsonl run/loss.svg \
+  run/checkpoints/latest eval.txt; do
+  [ -s "$out/quickstart/$f" ] || { cat "$out/quickstart.log"; echo "quickstart: no $f" >&2; exit 1; }
+done
+steps=$(wc -l < "$out/quickstart/run/metrics.jsonl")
+[ "$steps" -eq 40 ] || { echo "quickstart: $steps training steps, expected 40" >&2; exit 1; }
+grep -q '^all ' "$out/quickstart/eval.txt" || { echo "quickstart: no overall WER line" >&2; exit 1; }
+echo "quickstart: 1 passed, 0 failed ($steps steps trained, evaluated)"

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use asr_compiler::compile::{compile, Input, Options};
 use asr_corpus::Corpus;
-use asr_trainer::eval::evaluate_checkpoint_cpu;
-use asr_trainer::train::checkpoint::{cpu_parameters, latest, load_state};
-use asr_trainer::train::run::{run_cpu, RunOptions};
-use asr_trainer::train::TrainConfig;
+use asr_trainer::checkpoint::{cpu_parameters, latest, load_state};
+use asr_trainer::evaluate_checkpoint_cpu;
+use asr_trainer::TrainConfig;
+use asr_trainer::{run_cpu, RunOptions};
 
 fn example() -> PathBuf {
     PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"))
@@ -77,6 +77,9 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
     let ca = latest(&whole.join("checkpoints")).unwrap();
     let cb = latest(&split.join("checkpoints")).unwrap();
     let (pa, pb) = (cpu_parameters(&ca).unwrap(), cpu_parameters(&cb).unwrap());
+    // Every float parameter of the model: the comparison below must not pass vacuously.
+    let expected: usize = pa.iter().map(Vec::len).sum();
+    assert!(pa.len() > 10 && expected > 100_000, "{} tensors, {expected} values", pa.len());
     assert_eq!(pa.len(), pb.len());
     for (x, y) in pa.iter().zip(&pb) {
         let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());

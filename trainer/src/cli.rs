@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueHint};
 
-use crate::data::report::ShapeQuantum;
 use crate::data::sampler::{SamplerConfig, DEFAULT_BOUNDARIES};
+use crate::data::shape::ShapePolicy;
 
 /// Plan, feed and train ASR models from corpus files.
 #[derive(Debug, Parser)]
@@ -156,11 +156,11 @@ impl SamplerArgs {
         }
     }
 
-    /// The padding quantum, with audio in samples at `rate`.
-    pub fn quantum(&self, rate: f64) -> ShapeQuantum {
-        ShapeQuantum {
-            audio_samples: (self.audio_quantum_seconds.max(0.0) * rate).round() as u32,
-            tokens: self.token_quantum,
+    /// The padding policy these options describe.
+    pub fn shape(&self) -> ShapePolicy {
+        ShapePolicy {
+            audio_quantum_seconds: self.audio_quantum_seconds,
+            token_quantum: self.token_quantum,
         }
     }
 }
@@ -184,6 +184,13 @@ pub struct PlanArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Plan what `asrt train --config FILE` will run: sampler, [shape] and train.grad_accum come
+    /// from this training config (the options they replace may then not be given).
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath, conflicts_with_all = [
+        "boundaries", "temperature", "max_batch_seconds", "seed", "curriculum_steps",
+        "grad_accum", "audio_quantum_seconds", "token_quantum",
+    ])]
+    pub config: Option<PathBuf>,
     /// Plan options.
     #[command(flatten)]
     pub sampler: SamplerArgs,

@@ -1,11 +1,62 @@
-//! `asrt`: reads corpus files, plans epochs (bucketed, temperature-balanced, exactly resumable)
-//! and assembles padded batches ahead of the trainer.
+//! `asrt`: plans epochs over corpus files (bucketed, temperature-balanced, exactly resumable),
+//! assembles padded batches ahead of the trainer, and trains and evaluates FastConformer-TDT
+//! models.
+//!
+//! The public surface is this page: the command line (`Cli`, [`run_command`]), configuration,
+//! the batch plan and loader, the model, training, checkpoints, evaluation, and the TDT loss
+//! library ([`tdt`]). Everything else is internal and may change without notice.
 #![forbid(unsafe_code)]
 
-pub mod cli;
-pub mod commands;
-pub mod data;
-pub mod eval;
-pub mod model;
+pub mod checkpoint;
+mod cli;
+mod commands;
+mod config;
+mod data;
+mod eval;
+mod model;
+pub mod rng;
 pub mod tdt;
-pub mod train;
+mod tokenizer;
+mod train;
+
+use std::process::ExitCode;
+
+// The command line.
+pub use cli::{Cli, Command, EvalArgs, PlanArgs, SamplerArgs, TrainArgs};
+// Configuration.
+pub use config::{ConfigError, LoopConfig, OptimConfig, TrainConfig};
+// The batch plan, its report, and the loader.
+pub use data::batcher::{
+    assemble, Audio, AudioFormat, LoadedStep, Loader, LoaderConfig, LoaderError, MicroBatch,
+    PaddedBatch, Steps,
+};
+pub use data::report::{report, PlanReport, ReportInput};
+pub use data::sampler::{
+    target_shares, Durations, EpochPlan, PlanError, SamplerConfig, SamplerState,
+    DEFAULT_BOUNDARIES, IDLE,
+};
+pub use data::shape::ShapePolicy;
+pub use data::synthetic::lognormal_zipf;
+// Evaluation.
+pub use eval::{
+    edit_distance, evaluate, evaluate_checkpoint, evaluate_checkpoint_cpu, Decoded, ErrorRates,
+    EvalError, Evaluation,
+};
+// The model.
+pub use model::config::{PreprocessorConfig, SpecAugmentConfig};
+pub use model::mel::MelFrontend;
+pub use model::{ModelConfig, TdtModel};
+pub use tokenizer::{Pieces, TokenizerError};
+// Training.
+pub use train::metrics::StepMetrics;
+pub use train::run::{run, run_cpu, RunOptions, RunSummary};
+pub use train::{StepGradients, TrainError, Trainer};
+
+/// Runs one `asrt` command line; the binary maps the error to exit code 2.
+pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Train(args) => commands::train::run(args),
+        Command::Eval(args) => commands::eval::run(args),
+    }
+}

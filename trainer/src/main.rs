@@ -2,18 +2,12 @@
 
 use std::process::ExitCode;
 
-use asr_trainer::cli::{Cli, Command};
-use asr_trainer::commands;
+use asr_trainer::Cli;
 use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match &cli.command {
-        Command::Plan(args) => commands::plan::run(args),
-        Command::Train(args) => commands::train::run(args),
-        Command::Eval(args) => commands::train::eval(args),
-    };
-    result.unwrap_or_else(|e| {
+    asr_trainer::run_command(&cli).unwrap_or_else(|e| {
         eprintln!("asrt: error: {e:#}");
         ExitCode::from(2)
     })

@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use asr_corpus::Corpus;
-use asr_trainer::data::batcher::{assemble, AudioFormat};
-use asr_trainer::data::report::ShapeQuantum;
-use asr_trainer::data::sampler::{Durations, EpochPlan, SamplerConfig, IDLE};
-use asr_trainer::data::synthetic::lognormal_zipf;
+use asr_trainer::lognormal_zipf;
+use asr_trainer::ShapePolicy;
+use asr_trainer::{assemble, AudioFormat};
+use asr_trainer::{Durations, EpochPlan, SamplerConfig, IDLE};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
@@ -188,7 +188,7 @@ fn main() -> anyhow::Result<()> {
             let mut secs = 0.0;
             for &b in &ids {
                 if b != IDLE {
-                    secs += assemble(&c, plan.batch(b), ShapeQuantum::default(), format).seconds;
+                    secs += assemble(&c, plan.batch(b), ShapePolicy::default(), format).seconds;
                 }
             }
             let mut rates = Vec::new();
@@ -197,7 +197,7 @@ fn main() -> anyhow::Result<()> {
                 let mut checksum = 0u64;
                 for &b in &ids {
                     if b != IDLE {
-                        let batch = assemble(&c, plan.batch(b), ShapeQuantum::default(), format);
+                        let batch = assemble(&c, plan.batch(b), ShapePolicy::default(), format);
                         // Keeps the optimiser from eliding the copies into a buffer never read.
                         let batch = std::hint::black_box(batch);
                         checksum = checksum.wrapping_add(batch.max_samples as u64);
@@ -224,7 +224,7 @@ fn tdt_bench(
     v: usize,
     repeats: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    use asr_corpus::synth::SplitMix64;
+    use asr_trainer::rng::SplitMix64;
     use asr_trainer::tdt::op::{tdt_costs, TdtLoss, TdtProblem};
     use asr_trainer::tdt::TdtOptions;
     use burn::backend::{Autodiff, NdArray};
@@ -311,7 +311,7 @@ fn train_step_bench(
     steps: u64,
     max_batch_seconds: f64,
 ) -> anyhow::Result<serde_json::Value> {
-    use asr_trainer::train::{TrainConfig, Trainer};
+    use asr_trainer::{TrainConfig, Trainer};
     type B = burn::backend::Autodiff<burn::backend::NdArray>;
     let corpus = Corpus::open(path).with_context(|| path.display().to_string())?;
     let mut cfg = TrainConfig::default();
@@ -346,7 +346,7 @@ fn train_step_bench(
                 .iter()
                 .filter(|&&b| b != IDLE)
                 .map(|&b| {
-                    assemble(&corpus, plan.batch(b), ShapeQuantum::default(), AudioFormat::I16)
+                    assemble(&corpus, plan.batch(b), ShapePolicy::default(), AudioFormat::I16)
                 })
                 .collect();
             let t = Instant::now();
@@ -379,8 +379,8 @@ fn model_shape_bench(
     vocab: usize,
     repeats: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    use asr_trainer::model::mel::MelFrontend;
-    use asr_trainer::model::{ModelConfig, TdtModel};
+    use asr_trainer::MelFrontend;
+    use asr_trainer::{ModelConfig, TdtModel};
     use burn::module::Module;
     use burn::prelude::*;
     type B = burn::backend::NdArray;

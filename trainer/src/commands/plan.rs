@@ -8,6 +8,7 @@ use anyhow::Context;
 use asr_corpus::Corpus;
 
 use crate::cli::PlanArgs;
+use crate::config::TrainConfig;
 use crate::data::report::{report, PlanReport, ReportInput};
 use crate::data::sampler::{Durations, EpochPlan, IDLE};
 
@@ -18,14 +19,21 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let rate = f64::from(corpus.header().sample_rate);
     let durations = Durations::Samples { samples: corpus.num_samples(), rate };
     let s = &args.sampler;
-    let config = s.config();
+    let (config, shape, grad_accum) = match &args.config {
+        Some(p) => {
+            let t = TrainConfig::from_file(p)?;
+            (t.sampler, t.shape, t.train.grad_accum)
+        }
+        None => (s.config(), s.shape(), s.grad_accum),
+    };
+    shape.validate()?;
     let plan = EpochPlan::build(
         durations,
         corpus.languages(),
         &config,
         args.epoch,
         s.world_size,
-        s.grad_accum,
+        grad_accum,
     )?;
 
     if args.batches {
@@ -44,7 +52,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             "epoch": args.epoch,
             "rank": args.rank,
             "world_size": s.world_size,
-            "grad_accum": s.grad_accum,
+            "grad_accum": grad_accum,
             "micro_batches": list,
         });
         emit(&(serde_json::to_string(&doc)? + "\n"))?;
@@ -59,7 +67,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         language_names: &corpus.metadata().languages,
         tokens: Some(&tokens),
         sample_rate: rate,
-        quantum: s.quantum(rate),
+        shape,
     };
     let r = report(&plan, &config, &input);
     if args.json {

@@ -1,59 +1,25 @@
-//! `asrt train` and `asrt eval`.
+//! `asrt train`.
 
-use std::fmt::Write as _;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
-use asr_corpus::Corpus;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cli::{EvalArgs, TrainArgs};
-#[cfg(feature = "cuda")]
-use crate::eval::evaluate;
-use crate::eval::Evaluation;
-#[cfg(feature = "cuda")]
-use crate::model::TdtModel;
-use crate::train::checkpoint;
+use super::{parse_device, Device};
+use crate::cli::TrainArgs;
+use crate::config::TrainConfig;
 use crate::train::metrics::StepMetrics;
-#[cfg(feature = "cuda")]
-use crate::train::run::run as run_training;
 use crate::train::run::RunOptions;
-use crate::train::TrainConfig;
-
-enum Device {
-    Cpu,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    Cuda(usize),
-}
-
-fn parse_device(s: &str) -> anyhow::Result<Device> {
-    if s == "cpu" {
-        return Ok(Device::Cpu);
-    }
-    if let Some(n) = s.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-        if cfg!(feature = "cuda") {
-            return Ok(Device::Cuda(n));
-        }
-        bail!("--device {s}: this asrt was built without CUDA (cargo build --features cuda)");
-    }
-    bail!("--device {s}: expected cpu or cuda:N")
-}
 
 fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     let mut cfg = match &args.config {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            TrainConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
-        }
+        Some(p) => TrainConfig::from_file(p)?,
         None => TrainConfig::default(),
     };
     if let Some(n) = args.max_steps {
         cfg.train.max_steps = n;
     }
-    cfg.validate().map_err(anyhow::Error::msg)?;
+    cfg.validate()?;
     Ok(cfg)
 }
 
@@ -105,14 +71,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let summary = match parse_device(&args.device)? {
         Device::Cpu => crate::train::run::run_cpu(cfg, &opts, &mut on_step)?,
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) => run_training::<burn::backend::Autodiff<burn::backend::Cuda>>(
+        Device::Cuda(n) => crate::train::run::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
             cfg,
             &opts,
             burn::backend::cuda::CudaDevice::new(n),
             &mut on_step,
         )?,
         #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => unreachable!("parse_device refuses cuda without the feature"),
+        Device::Cuda(_) => unreachable!("parse_device refuses cuda:N in a build without cuda"),
     };
     if let Some(bar) = &bar {
         bar.finish_and_clear();
@@ -127,87 +93,5 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         args.out.join("loss.svg").display(),
         summary.checkpoint.as_deref().map_or("-".into(), |p| p.display().to_string()),
     );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// A checkpoint directory from a checkpoint or a training output directory.
-pub fn resolve_checkpoint(p: &Path) -> anyhow::Result<PathBuf> {
-    if p.join("state.json").is_file() {
-        return Ok(p.to_path_buf());
-    }
-    for dir in [p.to_path_buf(), p.join("checkpoints")] {
-        if let Some(c) = checkpoint::latest(&dir) {
-            return Ok(c);
-        }
-    }
-    bail!(
-        "{}: no checkpoint (expected state.json, or a `latest` file in it or in its checkpoints/)",
-        p.display()
-    )
-}
-
-fn table(e: &Evaluation) -> String {
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "{:<8} {:>6} {:>8} {:>8} {:>8} {:>8}",
-        "language", "utts", "words", "WER %", "chars", "CER %"
-    );
-    let mut row = |name: &str, r: &crate::eval::ErrorRates| {
-        let _ = writeln!(
-            o,
-            "{name:<8} {:>6} {:>8} {:>8.2} {:>8} {:>8.2}",
-            r.utterances,
-            r.words,
-            100.0 * r.wer,
-            r.chars,
-            100.0 * r.cer
-        );
-    };
-    for (l, r) in &e.languages {
-        row(l, r);
-    }
-    row("all", &e.overall);
-    o
-}
-
-/// Runs `asrt eval`.
-pub fn eval(args: &EvalArgs) -> anyhow::Result<ExitCode> {
-    let ckpt = resolve_checkpoint(&args.checkpoint)?;
-    let state = checkpoint::load_state(&ckpt).map_err(anyhow::Error::msg)?;
-    let corpus =
-        Corpus::open(&args.corpus).with_context(|| format!("opening {}", args.corpus.display()))?;
-    let vocab = corpus.metadata().tokenizer.vocab_size as usize;
-    if vocab != state.vocab {
-        bail!(
-            "{} has a vocabulary of {vocab}, the checkpoint {}",
-            args.corpus.display(),
-            state.vocab
-        );
-    }
-    let result = match parse_device(&args.device)? {
-        Device::Cpu => {
-            crate::eval::evaluate_checkpoint_cpu(&ckpt, &corpus, args.limit, args.batch_seconds)
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(n) => {
-            let cfg = &state.config.model;
-            let count = args.limit.unwrap_or(corpus.len()).min(corpus.len());
-            let indices: Vec<usize> = (0..count).collect();
-            let device = burn::backend::cuda::CudaDevice::new(n);
-            let model = TdtModel::<burn::backend::Cuda>::new(cfg, vocab, 0, &device);
-            let model =
-                checkpoint::load_model(&ckpt, model, &device).map_err(anyhow::Error::msg)?;
-            evaluate(&model, cfg, &corpus, &indices, args.batch_seconds, &device)
-        }
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => unreachable!("parse_device refuses cuda without the feature"),
-    }
-    .map_err(anyhow::Error::msg)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
-    } else {
-        print!("checkpoint {} (step {})\n{}", ckpt.display(), state.step, table(&result));
-    }
     Ok(ExitCode::SUCCESS)
 }

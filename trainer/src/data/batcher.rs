@@ -5,14 +5,15 @@
 //! Each utterance's samples are copied once, from the mapping into the batch buffer (converted to
 //! f32 during that copy when asked); nothing else copies audio.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use asr_corpus::{Corpus, TokenSlice};
 
-use super::report::ShapeQuantum;
 use super::sampler::{EpochPlan, IDLE};
+use super::shape::ShapePolicy;
 
 /// Sample type of the padded audio.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,13 +41,13 @@ pub struct PaddedBatch {
     pub indices: Vec<u32>,
     /// Audio `[indices.len(), max_samples]`, zero padded.
     pub audio: Audio,
-    /// Padded audio length T (a multiple of the audio quantum).
+    /// Padded audio length T (rounded up by the shape policy).
     pub max_samples: usize,
     /// Samples of each utterance.
     pub audio_lens: Vec<u32>,
     /// Tokens `[indices.len(), max_tokens]`, padded with 0.
     pub tokens: Vec<u32>,
-    /// Padded token length U (a multiple of the token quantum).
+    /// Padded token length U (rounded up by the shape policy).
     pub max_tokens: usize,
     /// Tokens of each utterance.
     pub token_lens: Vec<u32>,
@@ -67,21 +68,19 @@ impl PaddedBatch {
 pub fn assemble(
     corpus: &Corpus,
     indices: &[u32],
-    quantum: ShapeQuantum,
+    shape: ShapePolicy,
     format: AudioFormat,
 ) -> PaddedBatch {
     let b = indices.len();
     let audio_lens: Vec<u32> = indices.iter().map(|&i| corpus.num_samples()[i as usize]).collect();
     let token_lens: Vec<u32> =
         indices.iter().map(|&i| corpus.tokens(i as usize).len() as u32).collect();
-    let max_samples = ShapeQuantum::round(
-        u64::from(audio_lens.iter().copied().max().unwrap_or(0)),
-        quantum.audio_samples,
-    ) as usize;
-    let max_tokens = ShapeQuantum::round(
-        u64::from(token_lens.iter().copied().max().unwrap_or(0)),
-        quantum.tokens,
-    ) as usize;
+    let rate = f64::from(corpus.header().sample_rate);
+    let max_samples = shape
+        .padded_samples(u64::from(audio_lens.iter().copied().max().unwrap_or(0)), rate)
+        as usize;
+    let max_tokens =
+        shape.padded_tokens(u64::from(token_lens.iter().copied().max().unwrap_or(0))) as usize;
 
     let audio = match format {
         AudioFormat::I16 => {
@@ -111,8 +110,7 @@ pub fn assemble(
         }
     }
     let languages = indices.iter().map(|&i| corpus.languages()[i as usize]).collect();
-    let seconds = audio_lens.iter().map(|&n| f64::from(n)).sum::<f64>()
-        / f64::from(corpus.header().sample_rate);
+    let seconds = audio_lens.iter().map(|&n| f64::from(n)).sum::<f64>() / rate;
     PaddedBatch {
         indices: indices.to_vec(),
         audio,
@@ -141,8 +139,8 @@ pub struct MicroBatch {
 /// How the loader assembles batches.
 #[derive(Debug, Clone, Copy)]
 pub struct LoaderConfig {
-    /// Padding granularity.
-    pub quantum: ShapeQuantum,
+    /// Padding policy.
+    pub shape: ShapePolicy,
     /// Audio sample type.
     pub format: AudioFormat,
     /// Background assembly threads (at least 1).
@@ -154,7 +152,7 @@ pub struct LoaderConfig {
 impl Default for LoaderConfig {
     fn default() -> LoaderConfig {
         LoaderConfig {
-            quantum: ShapeQuantum::default(),
+            shape: ShapePolicy::default(),
             format: AudioFormat::I16,
             workers: 2,
             depth: 2,
@@ -172,7 +170,33 @@ pub struct Loader {
     receivers: Vec<Receiver<MicroBatch>>,
     next: usize,
     remaining: usize,
+    /// Optimizer steps still to deliver, with their slot counts, in order.
+    steps: VecDeque<(u64, usize)>,
     workers: Vec<JoinHandle<()>>,
+}
+
+/// One optimizer step of a rank's schedule: its batches, in slot order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedStep {
+    /// Optimizer step within the epoch.
+    pub step: u64,
+    /// The step's batches (its idle slots left out).
+    pub batches: Vec<PaddedBatch>,
+    /// Idle slots of the step (a rank with nothing to do after a re-deal).
+    pub idle: usize,
+}
+
+/// Why the loader could not deliver a step.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LoaderError {
+    /// A worker stopped before delivering all of its batches (it panicked).
+    #[error("the batch loader stopped before slot {slot} of step {step} (a loader thread died)")]
+    Stopped {
+        /// The step being assembled.
+        step: u64,
+        /// Slots of that step received.
+        slot: usize,
+    },
 }
 
 impl Loader {
@@ -185,8 +209,11 @@ impl Loader {
         config: LoaderConfig,
     ) -> Loader {
         let mut jobs: Vec<(u64, u32, u32)> = Vec::new();
+        let mut steps = VecDeque::new();
         for step in from..plan.steps() {
-            for (slot, &b) in plan.step_batches(step, rank).iter().enumerate() {
+            let batches = plan.step_batches(step, rank);
+            steps.push_back((step, batches.len()));
+            for (slot, &b) in batches.iter().enumerate() {
                 jobs.push((step, slot as u32, b));
             }
         }
@@ -201,7 +228,40 @@ impl Loader {
             workers
                 .push(std::thread::spawn(move || work(&corpus, &plan, &jobs, w, n, config, &tx)));
         }
-        Loader { remaining: jobs.len(), receivers, next: 0, workers }
+        Loader { remaining: jobs.len(), receivers, next: 0, steps, workers }
+    }
+
+    /// The rest of the schedule, one optimizer step at a time (the loader knows where steps
+    /// end; the training loop need not ask the plan).
+    pub fn steps(self) -> Steps {
+        Steps { loader: self }
+    }
+}
+
+/// Iterator over a [`Loader`]'s optimizer steps.
+pub struct Steps {
+    loader: Loader,
+}
+
+impl Iterator for Steps {
+    type Item = Result<LoadedStep, LoaderError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (step, slots) = self.loader.steps.pop_front()?;
+        let mut out = LoadedStep { step, batches: Vec::with_capacity(slots), idle: 0 };
+        for slot in 0..slots {
+            match self.loader.next() {
+                Some(mb) if mb.step == step => match mb.batch {
+                    Some(b) => out.batches.push(b),
+                    None => out.idle += 1,
+                },
+                _ => {
+                    self.loader.steps.clear();
+                    return Some(Err(LoaderError::Stopped { step, slot }));
+                }
+            }
+        }
+        Some(Ok(out))
     }
 }
 
@@ -228,7 +288,7 @@ fn work(
         prefetch(j + stride);
         let (step, slot, b) = jobs[j];
         let batch =
-            (b != IDLE).then(|| assemble(corpus, plan.batch(b), config.quantum, config.format));
+            (b != IDLE).then(|| assemble(corpus, plan.batch(b), config.shape, config.format));
         if tx.send(MicroBatch { step, slot, batch }).is_err() {
             return; // The loader was dropped.
         }

@@ -1,9 +1,10 @@
 //! The data feed: the epoch plan (`sampler`), its report (`report`), the Python-compatible random
-//! stream it draws from (`pyrandom`), batch assembly and prefetch (`batcher`), and synthetic inputs
+//! stream it draws from (`pyrandom`), the padding policy (`shape`), batch assembly and prefetch (`batcher`), and synthetic inputs
 //! for tests and benchmarks (`synthetic`).
 
 pub mod batcher;
 pub mod pyrandom;
 pub mod report;
 pub mod sampler;
+pub mod shape;
 pub mod synthetic;

@@ -5,26 +5,7 @@
 use serde::Serialize;
 
 use super::sampler::{target_shares, Durations, EpochPlan, SamplerConfig, IDLE};
-
-/// Padding granularity: padded shapes are rounded up to these multiples (0: no rounding).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct ShapeQuantum {
-    /// Audio length quantum, in samples.
-    pub audio_samples: u32,
-    /// Token length quantum, in tokens.
-    pub tokens: u32,
-}
-
-impl ShapeQuantum {
-    /// `len` rounded up to a multiple of `q` (unchanged when `q` is 0).
-    pub fn round(len: u64, q: u32) -> u64 {
-        if q == 0 {
-            len
-        } else {
-            len.div_ceil(u64::from(q)) * u64::from(q)
-        }
-    }
-}
+use super::shape::ShapePolicy;
 
 /// One duration bucket.
 #[derive(Debug, Clone, Serialize)]
@@ -129,8 +110,8 @@ pub struct ReportInput<'a> {
     pub tokens: Option<&'a [u32]>,
     /// Samples per second of the durations, to express padded lengths in samples.
     pub sample_rate: f64,
-    /// Padding granularity.
-    pub quantum: ShapeQuantum,
+    /// Padding policy (the training config's `[shape]`).
+    pub shape: ShapePolicy,
 }
 
 /// Builds the report of `plan`.
@@ -208,13 +189,13 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
         bucket.batches += 1;
         bucket.utterances += items.len() as u64;
         bucket.hours += secs / 3600.0;
-        let t = ShapeQuantum::round(to_samples(plan.longest(id)), input.quantum.audio_samples);
+        let t = input.shape.padded_samples(to_samples(plan.longest(id)), input.sample_rate);
         let padded = t * items.len() as u64;
         padded_audio += padded;
         real_audio += items.iter().map(|&i| to_samples(d.get(i as usize))).sum::<u64>();
         if let Some(tokens) = input.tokens {
             let u = items.iter().map(|&i| u64::from(tokens[i as usize])).max().unwrap_or(0);
-            padded_tok += ShapeQuantum::round(u, input.quantum.tokens) * items.len() as u64;
+            padded_tok += input.shape.padded_tokens(u) * items.len() as u64;
             real_tok += items.iter().map(|&i| u64::from(tokens[i as usize])).sum::<u64>();
         }
         if largest.as_ref().is_none_or(|l| plan.cost(id) > plan.cost(l.id)) {

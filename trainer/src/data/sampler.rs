@@ -327,7 +327,8 @@ impl EpochPlan {
         let per_rank = remaining.len().div_ceil(w);
         let slots = per_rank.div_ceil(grad_accum as usize) * grad_accum as usize;
         let mut perm: Vec<u32> = (0..slots as u32).collect();
-        PyRandom::new(mix(self.config.seed, self.epoch, at_step)).shuffle(&mut perm);
+        PyRandom::new(crate::rng::redeal_seed(self.config.seed, self.epoch, at_step))
+            .shuffle(&mut perm);
         let mut order = Vec::with_capacity(w * slots);
         for r in 0..w {
             order.extend(
@@ -607,13 +608,4 @@ fn pack(
         }
     }
     Packed { items, start: batch_start, size: batch_size, bucket: batch_bucket, longest }
-}
-
-/// Seed of the permutation of a re-deal at `step` of `epoch`.
-fn mix(seed: u64, epoch: u64, step: u64) -> u64 {
-    let mut z =
-        seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step.wrapping_mul(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) >> 1
 }

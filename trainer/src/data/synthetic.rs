@@ -2,7 +2,7 @@
 //! planner without a corpus: durations log-normal (median and log-sd given) clipped to
 //! [0.5, 20] s; languages with Zipf(1.1) shares.
 
-use asr_corpus::synth::SplitMix64;
+use crate::rng::SplitMix64;
 
 /// `n` durations (log-normal, median `median` s, log-sd 0.6, clipped to [0.5, 20] s) and
 /// languages drawn with Zipf(1.1) weights over `n_langs` ids. Deterministic in `seed`.

@@ -1,5 +1,6 @@
 //! Model configuration: presets and NeMo-like names, overridable from TOML.
 
+use crate::config::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// Mel front end (NeMo `AudioToMelSpectrogramPreprocessor`).
@@ -203,31 +204,34 @@ impl ModelConfig {
     }
 
     /// Checks the numbers fit together.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let e = &self.encoder;
         if e.d_model == 0 || e.n_heads == 0 || !e.d_model.is_multiple_of(e.n_heads) {
-            return Err(format!(
+            return Err(ConfigError::Invalid(format!(
                 "encoder.d_model {} must be a multiple of n_heads {}",
                 e.d_model, e.n_heads
-            ));
+            )));
         }
         if !e.subsampling_factor.is_power_of_two() || e.subsampling_factor < 2 {
-            return Err(format!(
+            return Err(ConfigError::Invalid(format!(
                 "encoder.subsampling_factor {} must be a power of two >= 2",
                 e.subsampling_factor
-            ));
+            )));
         }
         if e.conv_kernel_size.is_multiple_of(2) {
-            return Err(format!("encoder.conv_kernel_size {} must be odd", e.conv_kernel_size));
+            return Err(ConfigError::Invalid(format!(
+                "encoder.conv_kernel_size {} must be odd",
+                e.conv_kernel_size
+            )));
         }
         let p = &self.preprocessor;
         if p.window_size > p.n_fft || p.window_stride == 0 || p.features == 0 {
-            return Err(
-                "preprocessor: need window_size <= n_fft, window_stride > 0, features > 0".into()
-            );
+            return Err(ConfigError::Invalid(
+                "preprocessor: need window_size <= n_fft, window_stride > 0, features > 0".into(),
+            ));
         }
         if self.decoder.pred_rnn_layers == 0 {
-            return Err("decoder.pred_rnn_layers must be at least 1".into());
+            return Err(ConfigError::Invalid("decoder.pred_rnn_layers must be at least 1".into()));
         }
         Ok(())
     }

@@ -69,12 +69,9 @@ impl<B: Backend> Prediction<B> {
             x = y;
             next.push(st);
         }
-        (x.reshape([r, x_dim(&next)]), next)
+        let [_, _, h] = x.dims();
+        (x.reshape([r, h]), next)
     }
-}
-
-fn x_dim<B: Backend>(s: &[LstmState<B, 2>]) -> usize {
-    s.last().map_or(0, |s| s.hidden.dims()[1])
 }
 
 /// Joint: project encoder and prediction outputs, add, ReLU, map to `V + 1 + D` logits.

@@ -68,20 +68,9 @@ pub fn mel_filterbank(sample_rate: u32, n_fft: usize, n_mels: usize) -> Vec<f64>
     fb
 }
 
-/// `n` Gaussian samples of standard deviation `scale` (Box-Muller over SplitMix64).
+/// `n` Gaussian samples of standard deviation `scale`.
 fn gaussian(n: usize, seed: u64, scale: f64) -> Vec<f32> {
-    let mut rng = asr_corpus::synth::SplitMix64::new(seed);
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
-        let u1 = rng.next_f64().max(f64::MIN_POSITIVE);
-        let u2 = rng.next_f64();
-        let r = (-2.0 * u1.ln()).sqrt() * scale;
-        let a = 2.0 * std::f64::consts::PI * u2;
-        out.push((r * a.cos()) as f32);
-        out.push((r * a.sin()) as f32);
-    }
-    out.truncate(n);
-    out
+    crate::rng::SplitMix64::new(seed).gaussian(n, scale)
 }
 
 /// Frames the front end produces for `samples` input samples.
@@ -194,7 +183,7 @@ impl<B: Backend> MelFrontend<B> {
             .collect();
         let mask = Tensor::<B, 3>::from_data(TensorData::new(mask, [batch, n_frames, 1]), device);
         let counts: Vec<f32> = frame_lens.iter().map(|&l| l.max(1) as f32).collect();
-        let counts = Tensor::<B, 1>::from_data(TensorData::new(counts.clone(), [batch]), device)
+        let counts = Tensor::<B, 1>::from_data(TensorData::new(counts, [batch]), device)
             .reshape([batch, 1, 1]);
         let dof: Vec<f32> = frame_lens.iter().map(|&l| (l.max(2) - 1) as f32).collect();
         let dof =

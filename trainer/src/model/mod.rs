@@ -85,8 +85,3 @@ impl<B: Backend> burn::module::ModuleVisitor<B> for Materialize {
         let _ = param.val();
     }
 }
-
-/// Parameter count of a module.
-pub fn parameter_count<B: Backend, M: Module<B>>(m: &M) -> usize {
-    m.num_params()
-}

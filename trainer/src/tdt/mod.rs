@@ -15,6 +15,7 @@
 pub mod batch;
 pub mod cpu;
 pub mod greedy;
+pub mod greedy_burn;
 pub mod op;
 
 use serde::{Deserialize, Serialize};

@@ -212,7 +212,7 @@ pub struct LossOutput<B: Backend> {
 pub struct TdtLoss {
     /// Loss options.
     pub options: TdtOptions,
-    /// Seed of the `omega` draws.
+    /// The run's seed: call `n` draws from `rng::Stream::LossBranch` at counter `n`.
     pub seed: u64,
     /// Loss calls made so far (checkpoint this to resume exactly).
     pub calls: u64,
@@ -227,8 +227,7 @@ impl TdtLoss {
 
     /// Whether call `n` uses the RNN-T branch: a uniform draw from `(seed, n)` below `omega`.
     pub fn rnnt_branch(&self, n: u64) -> bool {
-        let mut r =
-            asr_corpus::synth::SplitMix64::new(self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut r = crate::rng::stream(self.seed, crate::rng::Stream::LossBranch, n);
         r.next_f64() < self.options.omega
     }
 

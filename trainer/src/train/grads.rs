@@ -1,7 +1,7 @@
 //! Gradient helpers over a module's parameters: global norm, scaling, dropping a sub-module's
 //! gradients (to freeze it), and finiteness.
 
-use burn::module::{ModuleVisitor, Param, ParamId};
+use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -51,15 +51,6 @@ pub fn scale<B: AutodiffBackend, M: Module<B>>(
     module.visit(&mut Scale { grads, factor });
 }
 
-/// Collects parameter ids.
-struct Ids(Vec<ParamId>);
-
-impl<B: Backend> ModuleVisitor<B> for Ids {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.0.push(param.id);
-    }
-}
-
 /// Removes the gradients of `module`'s parameters (the optimizer then leaves them alone).
 pub fn drop_grads<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &mut GradientsParams) {
     struct Drop<'a>(&'a mut GradientsParams);
@@ -69,11 +60,4 @@ pub fn drop_grads<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &mut Grad
         }
     }
     module.visit(&mut Drop(grads));
-}
-
-/// Ids of `module`'s float parameters, in visiting order.
-pub fn param_ids<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamId> {
-    let mut ids = Ids(Vec::new());
-    module.visit(&mut ids);
-    ids.0
 }

@@ -51,7 +51,14 @@ impl MetricsLog {
         let path = dir.join("metrics.jsonl");
         let mut kept = Vec::new();
         let mut losses = Vec::new();
-        if let Ok(text) = std::fs::read_to_string(&path) {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        {
+            // A line that does not parse is the torn last line of a killed run: its step is
+            // repeated after the resume, so it is dropped with the other lines past the resume.
             for line in text.lines() {
                 if let Ok(m) = serde_json::from_str::<StepMetrics>(line) {
                     if m.step <= keep_until_step {

@@ -14,26 +14,28 @@
 //! the checkpointed model, optimizer state, counters and sampler position, a resumed run repeats
 //! the uninterrupted one bit for bit on the CPU backend.
 
-pub mod checkpoint;
-pub mod config;
 pub mod grads;
 pub mod metrics;
 pub mod run;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-use asr_corpus::synth::SplitMix64;
 use asr_corpus::Corpus;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::data::batcher::{Audio, PaddedBatch};
+use crate::checkpoint::{self, CheckpointError, TrainState};
+use crate::config::{ConfigError, TrainConfig};
+use crate::data::batcher::{Audio, LoaderError, PaddedBatch};
+use crate::data::sampler::PlanError;
+use crate::eval::EvalError;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
+use crate::rng::{self, SplitMix64, Stream};
 use crate::tdt::op::{TdtBackend, TdtLoss};
-pub use config::TrainConfig;
 use metrics::StepMetrics;
 
 /// Why training stopped with an error.
@@ -53,9 +55,80 @@ pub enum TrainError {
     /// The loss rejected a batch's shapes (a bug or a corrupt batch).
     #[error("TDT loss: {0}")]
     Loss(#[from] crate::tdt::TdtError),
-    /// Anything else.
+    /// The configuration cannot be used.
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// Validation decoding failed.
+    #[error("validation: {0}")]
+    Eval(#[from] EvalError),
+    /// The corpus and sampler options make no plan.
+    #[error("batch plan: {0}")]
+    Plan(#[from] PlanError),
+    /// The batch loader stopped.
     #[error("{0}")]
-    Other(String),
+    Loader(#[from] LoaderError),
+    /// A corpus could not be opened.
+    #[error("{}", corpus_message(path, source))]
+    Corpus {
+        /// The corpus.
+        path: PathBuf,
+        /// Why.
+        source: asr_corpus::FormatError,
+    },
+    /// A corpus does not fit the run (vocabulary, tokenizer, utterance count).
+    #[error("{}: {why}", path.display())]
+    WrongCorpus {
+        /// The corpus or checkpoint.
+        path: PathBuf,
+        /// What does not fit.
+        why: String,
+    },
+    /// Writing the run's outputs (metrics, plot) failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An epoch of this corpus has no complete optimizer step.
+    #[error(
+        "an epoch of this corpus has no optimizer step: {utterances} utterances, \
+         sampler.max_batch_seconds {max_batch_seconds} and train.grad_accum {grad_accum} leave \
+         no complete step (lower either)"
+    )]
+    NoSteps {
+        /// Utterances in the corpus.
+        utterances: usize,
+        /// The sampler's batch size in seconds.
+        max_batch_seconds: f64,
+        /// Micro-batches per step.
+        grad_accum: u32,
+    },
+    /// A batch in a form the trainer does not take (a bug in the caller).
+    #[error("the trainer takes 16-bit audio batches")]
+    BatchFormat,
+}
+
+/// A corpus error that names the corpus once (I/O errors name it themselves).
+fn corpus_message(path: &Path, e: &asr_corpus::FormatError) -> String {
+    match e {
+        asr_corpus::FormatError::Io { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    }
+}
+
+impl TrainError {
+    /// An I/O error of the run's outputs.
+    pub fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TrainError {
+        let path = path.to_owned();
+        move |source| TrainError::Io { action, path, source }
+    }
 }
 
 /// One optimizer step's gradients before they are applied.
@@ -97,11 +170,6 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub consecutive_skips: u64,
 }
 
-/// A 64-bit mix of a seed and a counter (SplitMix64's finaliser).
-pub fn mix(seed: u64, counter: u64) -> u64 {
-    SplitMix64::new(seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64()
-}
-
 /// SpecAugment masks `[B, T, F]` (1 keep, 0 masked) from a host generator.
 pub fn spec_augment_mask(
     cfg: &crate::model::config::SpecAugmentConfig,
@@ -111,7 +179,7 @@ pub fn spec_augment_mask(
     seed: u64,
 ) -> Vec<f32> {
     let mut rng = SplitMix64::new(seed);
-    let mut below = |n: usize| if n == 0 { 0 } else { (rng.next_u64() % n as u64) as usize };
+    let mut below = |n: usize| rng.below(n as u64) as usize;
     let mut mask = vec![1f32; frame_lens.len() * t * f];
     for (b, &len) in frame_lens.iter().enumerate() {
         let m = &mut mask[b * t * f..(b + 1) * t * f];
@@ -135,8 +203,9 @@ pub fn spec_augment_mask(
 impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// A fresh model and optimizer for a vocabulary of `vocab` tokens.
     pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
-        cfg.validate().map_err(TrainError::Other)?;
-        let model = TdtModel::new(&cfg.model, vocab, mix(cfg.train.seed, u64::MAX), &device);
+        cfg.validate()?;
+        let model =
+            TdtModel::new(&cfg.model, vocab, rng::derive(cfg.train.seed, Stream::Init, 0), &device);
         let o = &cfg.optim;
         let optim = AdamWConfig::new()
             .with_beta_1(o.betas.0 as f32)
@@ -144,7 +213,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             .with_epsilon(o.eps as f32)
             .with_weight_decay(o.weight_decay as f32)
             .init::<B, TdtModel<B>>();
-        let loss = TdtLoss::new(cfg.loss.clone(), mix(cfg.train.seed, 1))?;
+        let loss = TdtLoss::new(cfg.loss.clone(), cfg.train.seed)?;
         let frontend = MelFrontend::new(&cfg.model.preprocessor, &device);
         Ok(Trainer {
             cfg,
@@ -169,9 +238,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     ) -> Result<Tensor<B, 1>, TrainError> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
-        let dither = train.then(|| mix(self.cfg.train.seed ^ 0xd1e5, self.micro));
+        let dither = train.then(|| rng::derive(self.cfg.train.seed, Stream::Dither, self.micro));
         let Audio::I16(pcm) = &batch.audio else {
-            return Err(TrainError::Other("the trainer takes 16-bit batches".into()));
+            return Err(TrainError::BatchFormat);
         };
         let (feats, frame_lens) =
             self.frontend.forward(pcm, b, &batch.audio_lens, dither, &self.device);
@@ -182,7 +251,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 &frame_lens,
                 t,
                 f,
-                mix(self.cfg.train.seed ^ 0x5eca, self.micro),
+                rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro),
             );
             feats * Tensor::<B, 3>::from_data(TensorData::new(mask, [b, t, f]), &self.device)
         } else {
@@ -198,6 +267,29 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(out.loss)
     }
 
+    /// Writes a checkpoint of this trainer with `state` into `dir` (see [`checkpoint::save`]).
+    pub fn save(
+        &self,
+        dir: &Path,
+        state: &TrainState,
+        keep: usize,
+    ) -> Result<PathBuf, CheckpointError> {
+        checkpoint::save(dir, &self.model, self.optim.to_record(), state, keep)
+    }
+
+    /// Restores model, optimizer and counters from a checkpoint whose state is `state`.
+    pub fn restore(&mut self, ckpt: &Path, state: &TrainState) -> Result<(), CheckpointError> {
+        self.model = checkpoint::load_model(ckpt, self.model.clone(), &self.device)?;
+        let record = checkpoint::load_optim::<B, _>(ckpt, &self.device)?;
+        self.optim = self.optim.clone().load_record(record);
+        self.step = state.step;
+        self.micro = state.micro;
+        self.loss.calls = state.loss_calls;
+        self.skipped = state.skipped;
+        self.consecutive_skips = state.consecutive_skips;
+        Ok(())
+    }
+
     /// Forward and backward over one rank's micro-batches of an optimizer step.
     pub fn gradients(&mut self, batches: &[PaddedBatch]) -> Result<StepGradients, TrainError> {
         let n = batches.len().max(1) as f64;
@@ -205,7 +297,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0usize, false);
         let (mut audio_seconds, mut utterances) = (0.0, 0u64);
         for batch in batches {
-            B::seed(&self.device, mix(self.cfg.train.seed, self.micro));
+            B::seed(&self.device, rng::derive(self.cfg.train.seed, Stream::Backend, self.micro));
             let loss = self.batch_loss(batch, true)?;
             self.micro += 1;
             audio_seconds += batch.seconds;

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use asr_corpus::Corpus;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::checkpoint::{self, TrainState};
 use super::metrics::{MetricsLog, StepMetrics};
-use super::{TrainConfig, TrainError, Trainer};
-use crate::data::batcher::{AudioFormat, Loader, LoaderConfig, PaddedBatch};
+use super::{TrainError, Trainer};
+use crate::checkpoint::{self, checkpoint_dir, TrainState};
+use crate::config::TrainConfig;
+use crate::data::batcher::{AudioFormat, Loader, LoaderConfig};
 use crate::data::sampler::{Durations, EpochPlan};
 use crate::tdt::op::TdtBackend;
 
@@ -42,8 +43,9 @@ pub struct RunSummary {
     pub metrics: Vec<StepMetrics>,
 }
 
-fn other(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Other(e.to_string())
+/// Opens a corpus, naming it in the error.
+fn open_corpus(path: &Path) -> Result<Corpus, TrainError> {
+    Corpus::open(path).map_err(|source| TrainError::Corpus { path: path.to_owned(), source })
 }
 
 /// Trains on `device`; `on_step` sees every step's metrics and the steps to do in all.
@@ -53,17 +55,17 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
     device: B::Device,
     on_step: &mut dyn FnMut(&StepMetrics, u64),
 ) -> Result<RunSummary, TrainError> {
-    let corpus = Arc::new(
-        Corpus::open(&opts.corpus).map_err(|e| other(format!("{}: {e}", opts.corpus.display())))?,
-    );
+    let corpus = Arc::new(open_corpus(&opts.corpus)?);
     let meta = corpus.metadata();
     let vocab = meta.tokenizer.vocab_size as usize;
     if vocab == 0 {
-        return Err(other("the corpus has no tokenizer vocabulary"));
+        return Err(TrainError::WrongCorpus {
+            path: opts.corpus.clone(),
+            why: "the corpus has no tokenizer vocabulary".into(),
+        });
     }
-    let ckpt_dir = opts.out.join("checkpoints");
-    std::fs::create_dir_all(&opts.out)
-        .map_err(|e| other(format!("{}: {e}", opts.out.display())))?;
+    let ckpt_dir = checkpoint_dir(&opts.out);
+    std::fs::create_dir_all(&opts.out).map_err(TrainError::io("creating", &opts.out))?;
     let mut trainer = Trainer::<B>::new(cfg.clone(), vocab, device)?;
     let durations = Durations::Samples {
         samples: corpus.num_samples(),
@@ -78,44 +80,48 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
         .flatten()
     {
         Some(ckpt) => {
-            let state = checkpoint::load_state(&ckpt).map_err(other)?;
+            let state = checkpoint::load_state(&ckpt)?;
             if state.config.model != cfg.model || state.vocab != vocab {
-                return Err(other(format!(
-                    "{} was trained with another model configuration or vocabulary",
-                    ckpt.display()
-                )));
+                return Err(TrainError::WrongCorpus {
+                    path: ckpt,
+                    why: "trained with another model configuration or vocabulary".into(),
+                });
             }
             if state.corpus_utterances != corpus.len() as u64
                 || state.tokenizer_xxh3 != tokenizer_xxh3
             {
-                return Err(other(format!(
-                    "{} was trained on another corpus ({} utterances, tokenizer {})",
-                    ckpt.display(),
-                    state.corpus_utterances,
-                    state.tokenizer_xxh3
-                )));
+                return Err(TrainError::WrongCorpus {
+                    why: format!(
+                        "trained on another corpus ({} utterances, tokenizer {}) than {} ({} \
+                         utterances, tokenizer {tokenizer_xxh3})",
+                        state.corpus_utterances,
+                        state.tokenizer_xxh3,
+                        opts.corpus.display(),
+                        corpus.len()
+                    ),
+                    path: ckpt,
+                });
             }
-            checkpoint::restore(&ckpt, &mut trainer, &state).map_err(other)?;
-            let plan = EpochPlan::restore(durations, &languages, &cfg.sampler, &state.sampler)
-                .map_err(other)?;
+            trainer.restore(&ckpt, &state)?;
+            let plan = EpochPlan::restore(durations, &languages, &cfg.sampler, &state.sampler)?;
             (plan, state.sampler.step)
         }
         None => {
             let plan =
-                EpochPlan::build(durations, &languages, &cfg.sampler, 0, 1, cfg.train.grad_accum)
-                    .map_err(other)?;
+                EpochPlan::build(durations, &languages, &cfg.sampler, 0, 1, cfg.train.grad_accum)?;
             (plan, 0)
         }
     };
-    let mut log = MetricsLog::open(&opts.out, trainer.step).map_err(other)?;
+    let mut log = MetricsLog::open(&opts.out, trainer.step)
+        .map_err(TrainError::io("opening the metrics in", &opts.out))?;
     let val = match &opts.val_corpus {
         Some(p) => {
-            let c = Corpus::open(p).map_err(|e| other(format!("{}: {e}", p.display())))?;
+            let c = open_corpus(p)?;
             if c.metadata().tokenizer.vocab_size as usize != vocab {
-                return Err(other(format!(
-                    "{}: another vocabulary than the training corpus",
-                    p.display()
-                )));
+                return Err(TrainError::WrongCorpus {
+                    path: p.clone(),
+                    why: "another vocabulary than the training corpus".into(),
+                });
             }
             Some(c)
         }
@@ -137,63 +143,51 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             corpus_utterances: corpus.len() as u64,
             tokenizer_xxh3: tokenizer_xxh3.clone(),
         };
-        checkpoint::save(&ckpt_dir, trainer, &state, cfg.train.keep_checkpoints).map_err(other)
+        trainer.save(&ckpt_dir, &state, cfg.train.keep_checkpoints)
+    };
+    let plot = |log: &MetricsLog| {
+        log.plot().map_err(TrainError::io("writing the loss plot in", &opts.out))
     };
     while trainer.step < target {
         if plan.steps() == 0 {
-            return Err(other(format!(
-                "an epoch of this corpus has no optimizer step: {} utterances, \
-                 sampler.max_batch_seconds {} and train.grad_accum {} leave no complete step \
-                 (lower either)",
-                corpus.len(),
-                cfg.sampler.max_batch_seconds,
-                cfg.train.grad_accum
-            )));
+            return Err(TrainError::NoSteps {
+                utterances: corpus.len(),
+                max_batch_seconds: cfg.sampler.max_batch_seconds,
+                grad_accum: cfg.train.grad_accum,
+            });
         }
-        let plan_arc = Arc::new(plan.clone());
         let loader = Loader::start(
             Arc::clone(&corpus),
-            Arc::clone(&plan_arc),
+            Arc::new(plan.clone()),
             0,
             epoch_step,
             LoaderConfig {
                 format: AudioFormat::I16,
+                shape: cfg.shape,
                 workers: cfg.train.loader_workers.max(1),
                 ..LoaderConfig::default()
             },
         );
-        let mut pending: Vec<PaddedBatch> = Vec::new();
-        for mb in loader {
-            let slots = plan_arc.step_batches(mb.step, 0).len();
-            if let Some(b) = mb.batch {
-                pending.push(b);
-            }
-            if mb.slot as usize + 1 < slots {
-                continue;
-            }
-            let mut m = trainer.train_step(&pending, &corpus, plan.epoch())?;
-            pending.clear();
+        for loaded in loader.steps() {
+            let loaded = loaded?;
+            let mut m = trainer.train_step(&loaded.batches, &corpus, plan.epoch())?;
             let every = cfg.train.val_every;
             if let (Some(vc), true) = (&val, every > 0 && trainer.step % every == 0) {
                 let n = cfg.train.val_utterances.min(vc.len());
                 let indices: Vec<usize> = (0..n).collect();
                 let model = burn::module::AutodiffModule::valid(&trainer.model);
                 let e =
-                    crate::eval::evaluate(&model, &cfg.model, vc, &indices, 60.0, &trainer.device)
-                        .map_err(other)?;
-                m.validation = Some(serde_json::json!({
-                    "utterances": n, "wer": e.overall.wer, "cer": e.overall.cer,
-                    "languages": e.languages.iter().map(|(l, r)| (l.clone(), serde_json::json!({"wer": r.wer, "cer": r.cer}))).collect::<serde_json::Map<_, _>>(),
-                }));
+                    crate::eval::evaluate(&model, &cfg.model, vc, &indices, 60.0, &trainer.device)?;
+                m.validation = Some(e.summary());
             }
-            epoch_step = mb.step + 1;
-            log.push(&m).map_err(other)?;
+            epoch_step = loaded.step + 1;
+            log.push(&m).map_err(TrainError::io("appending to the metrics in", &opts.out))?;
             on_step(&m, target);
             summary.metrics.push(m);
             let every = cfg.train.checkpoint_every;
             if (every > 0 && trainer.step % every == 0) || trainer.step >= target {
                 summary.checkpoint = Some(save(&trainer, &plan, epoch_step)?);
-                log.plot().map_err(other)?;
+                plot(&log)?;
             }
             if trainer.step >= target {
                 break;
@@ -210,19 +204,13 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             plan.epoch() + 1,
             1,
             cfg.train.grad_accum,
-        )
-        .map_err(other)?;
+        )?;
         epoch_step = 0;
     }
-    log.plot().map_err(other)?;
+    plot(&log)?;
     summary.steps = trainer.step;
     summary.skipped = trainer.skipped;
     Ok(summary)
-}
-
-/// The checkpoint directory of a training output directory.
-pub fn checkpoint_dir(out: &Path) -> PathBuf {
-    out.join("checkpoints")
 }
 
 /// [`run`] on the CPU backend. Instantiated here, in this (optimised) crate, so that callers in

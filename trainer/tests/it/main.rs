@@ -12,5 +12,5 @@ mod tdt;
 
 /// Durations and languages as the benchmarks use them.
 pub fn synthetic(n: usize, n_langs: u16, seed: u64, median: f64) -> (Vec<f64>, Vec<u16>) {
-    asr_trainer::data::synthetic::lognormal_zipf(n, n_langs, seed, median)
+    asr_trainer::lognormal_zipf(n, n_langs, seed, median)
 }

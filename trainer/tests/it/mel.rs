@@ -5,8 +5,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use asr_corpus::synth::SplitMix64;
-use asr_trainer::model::config::PreprocessorConfig;
-use asr_trainer::model::mel::MelFrontend;
+use asr_trainer::MelFrontend;
+use asr_trainer::PreprocessorConfig;
 use burn::backend::NdArray;
 
 fn speechlike(n: usize, seed: u64) -> Vec<i16> {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use asr_trainer::data::sampler::{Durations, EpochPlan, SamplerConfig};
+use asr_trainer::{Durations, EpochPlan, SamplerConfig};
 
 use crate::synthetic;
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use asr_trainer::data::sampler::{Durations, EpochPlan, SamplerConfig, IDLE};
+use asr_trainer::{Durations, EpochPlan, SamplerConfig, IDLE};
 use proptest::prelude::*;
 
 use crate::synthetic;

@@ -12,11 +12,50 @@
 //! max_batch_seconds = 60.0
 //! ```
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 use crate::data::sampler::SamplerConfig;
+use crate::data::shape::ShapePolicy;
 use crate::model::ModelConfig;
-use crate::tdt::TdtOptions;
+use crate::tdt::{TdtError, TdtOptions};
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A problem in a named file.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// The problem.
+        source: Box<ConfigError>,
+    },
+    /// Not TOML, or a key or value of the wrong kind (the message names it).
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// The configuration could not be turned into TOML to merge the overrides (a bug).
+    #[error("merging the overrides: {0}")]
+    Merge(#[from] toml::ser::Error),
+    /// `preset` names no preset.
+    #[error("unknown preset {0:?} (known: tiny, parakeet-tdt-0.6b)")]
+    UnknownPreset(String),
+    /// The loss options are out of range.
+    #[error("loss: {0}")]
+    Loss(#[from] TdtError),
+    /// Values that do not fit together (the message names them).
+    #[error("{0}")]
+    Invalid(String),
+}
 
 /// Optimizer and learning-rate schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -151,11 +190,13 @@ pub struct TrainConfig {
     pub sampler: SamplerConfig,
     /// TDT loss (its `durations` are the model's).
     pub loss: TdtOptions,
+    /// How padded batch shapes are rounded (`asrt plan` reports the same policy).
+    pub shape: ShapePolicy,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig::for_preset("tiny").unwrap_or_else(|| unreachable!("tiny is a preset"))
+        TrainConfig::for_preset("tiny").expect("\"tiny\" is one of ModelConfig::preset's names")
     }
 }
 
@@ -193,35 +234,45 @@ impl TrainConfig {
             train: LoopConfig::default(),
             sampler,
             loss: TdtOptions::default(),
+            shape: ShapePolicy::default(),
         })
     }
 
     /// Parses a TOML config: `preset` chooses the base model, every other key overrides it.
     /// Unknown keys are errors (naming the key).
-    pub fn from_toml(text: &str) -> Result<TrainConfig, String> {
-        let over: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn from_toml(text: &str) -> Result<TrainConfig, ConfigError> {
+        let over: toml::Value = toml::from_str(text)?;
         let preset = over.get("preset").and_then(|p| p.as_str()).unwrap_or("tiny").to_owned();
-        let model = ModelConfig::preset(&preset)
-            .ok_or_else(|| format!("unknown preset {preset:?} (known: tiny, parakeet-tdt-0.6b)"))?;
-        let base = TrainConfig { preset, model, ..TrainConfig::default() };
-        let mut value = toml::Value::try_from(&base).map_err(|e| e.to_string())?;
+        let base = TrainConfig::for_preset(&preset).ok_or(ConfigError::UnknownPreset(preset))?;
+        let mut value = toml::Value::try_from(&base)?;
         merge(&mut value, over);
-        let mut cfg: TrainConfig = value.try_into().map_err(|e: toml::de::Error| e.to_string())?;
+        let mut cfg: TrainConfig = value.try_into()?;
         cfg.loss.durations = cfg.model.durations.clone();
         cfg.validate()?;
         Ok(cfg)
     }
 
+    /// Reads a TOML config file ([`TrainConfig::from_toml`]); errors name the file.
+    pub fn from_file(path: &Path) -> Result<TrainConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        TrainConfig::from_toml(&text)
+            .map_err(|e| ConfigError::InFile { path: path.to_owned(), source: Box::new(e) })
+    }
+
     /// Checks the parts fit together.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
-        self.loss.validate().map_err(|e| e.to_string())?;
+        self.loss.validate()?;
         if self.loss.durations != self.model.durations {
-            return Err("loss.durations must equal model.durations".into());
+            return Err(ConfigError::Invalid("loss.durations must equal model.durations".into()));
         }
         if self.train.grad_accum == 0 || self.train.max_steps == 0 {
-            return Err("train.grad_accum and train.max_steps must be at least 1".into());
+            return Err(ConfigError::Invalid(
+                "train.grad_accum and train.max_steps must be at least 1".into(),
+            ));
         }
+        self.shape.validate()?;
         Ok(())
     }
 }
@@ -240,8 +291,29 @@ mod tests {
         assert_eq!(c.model.encoder.d_model, 1024, "the rest of the preset stays");
         assert_eq!(c.optim.lr, 0.5);
         let e = TrainConfig::from_toml("[optim]\nlearning_rate = 1.0\n").unwrap_err();
-        assert!(e.contains("learning_rate"), "{e}");
-        assert!(TrainConfig::from_toml("preset = \"huge\"").unwrap_err().contains("huge"));
+        assert!(e.to_string().contains("learning_rate"), "{e}");
+        let e = TrainConfig::from_toml("preset = \"huge\"").unwrap_err();
+        assert!(matches!(&e, ConfigError::UnknownPreset(p) if p == "huge"), "{e}");
+        // Each preset brings its own sampler defaults.
+        assert_eq!(c.sampler.max_batch_seconds, 90.0);
+        let tiny = TrainConfig::from_toml("[optim]\nlr = 0.5\n").unwrap();
+        assert_eq!(tiny.sampler.max_batch_seconds, 8.0);
+        let shaped = TrainConfig::from_toml("[shape]\naudio_quantum_seconds = 0.5\n").unwrap();
+        assert_eq!(shaped.shape.audio_quantum_seconds, 0.5);
+        assert!(TrainConfig::from_toml("[shape]\naudio_quantum_seconds = -1.0\n").is_err());
+    }
+
+    #[test]
+    fn file_errors_name_the_file_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.toml");
+        std::fs::write(&p, "[train]\nmax_steps = \"many\"\n").unwrap();
+        let msg = TrainConfig::from_file(&p).unwrap_err().to_string();
+        assert_eq!(msg.matches("bad.toml").count(), 1, "{msg}");
+        assert!(msg.contains("max_steps"), "{msg}");
+        let missing = dir.path().join("missing.toml");
+        let msg = TrainConfig::from_file(&missing).unwrap_err().to_string();
+        assert_eq!(msg.matches("missing.toml").count(), 1, "{msg}");
     }
 
     #[test]

@@ -1,0 +1,69 @@
+//! `asrt eval`.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use asr_corpus::Corpus;
+
+use super::{parse_device, Device};
+use crate::checkpoint;
+use crate::cli::EvalArgs;
+use crate::eval::{ErrorRates, Evaluation};
+
+fn table(e: &Evaluation) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<8} {:>6} {:>8} {:>8} {:>8} {:>8}",
+        "language", "utts", "words", "WER %", "chars", "CER %"
+    );
+    let mut row = |name: &str, r: &ErrorRates| {
+        let _ = writeln!(
+            o,
+            "{name:<8} {:>6} {:>8} {:>8.2} {:>8} {:>8.2}",
+            r.utterances,
+            r.words,
+            100.0 * r.wer,
+            r.chars,
+            100.0 * r.cer
+        );
+    };
+    for (l, r) in &e.languages {
+        row(l, r);
+    }
+    row("all", &e.overall);
+    o
+}
+
+/// Runs `asrt eval`.
+pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
+    let ckpt = checkpoint::resolve(&args.checkpoint)?;
+    let state = checkpoint::load_state(&ckpt)?;
+    let corpus =
+        Corpus::open(&args.corpus).with_context(|| format!("opening {}", args.corpus.display()))?;
+    let (limit, batch) = (args.limit, args.batch_seconds);
+    if !(batch.is_finite() && batch > 0.0) {
+        bail!("--batch-seconds {batch}: expected a positive number of seconds");
+    }
+    let result = match parse_device(&args.device)? {
+        Device::Cpu => crate::eval::evaluate_checkpoint_cpu(&ckpt, &corpus, limit, batch),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => crate::eval::evaluate_checkpoint::<burn::backend::Cuda>(
+            &ckpt,
+            &corpus,
+            limit,
+            batch,
+            &burn::backend::cuda::CudaDevice::new(n),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => unreachable!("parse_device refuses cuda:N in a build without cuda"),
+    }
+    .with_context(|| format!("evaluating on {}", args.corpus.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("checkpoint {} (step {})\n{}", ckpt.display(), state.step, table(&result));
+    }
+    Ok(ExitCode::SUCCESS)
+}

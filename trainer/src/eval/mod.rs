@@ -1,0 +1,177 @@
+//! Evaluation: greedy TDT decoding of a corpus with a trained model, word and character error
+//! rates per language. Hypothesis ids become text through the corpus's own SentencePiece model.
+
+pub mod error_rates;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use asr_corpus::Corpus;
+use burn::prelude::*;
+use serde::Serialize;
+
+use crate::checkpoint::{self, CheckpointError};
+use crate::model::mel::MelFrontend;
+use crate::model::{ModelConfig, TdtModel};
+use crate::tdt::greedy::{greedy_batch, GreedyOptions};
+use crate::tdt::greedy_burn::BurnGreedy;
+use crate::tokenizer::{Pieces, TokenizerError};
+pub use error_rates::{edit_distance, ErrorRates};
+
+/// Why an evaluation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// The corpus's tokenizer cannot detokenize.
+    #[error("{0}")]
+    Tokenizer(#[from] TokenizerError),
+    /// The checkpoint could not be read.
+    #[error("{0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// An utterance's reference text could not be read.
+    #[error("utterance {index}: reading its text: {source}")]
+    Text {
+        /// Corpus index.
+        index: usize,
+        /// Why.
+        source: asr_corpus::FormatError,
+    },
+    /// The model's vocabulary is not the corpus's.
+    #[error("the corpus has a vocabulary of {corpus} tokens, the model {model}")]
+    Vocabulary {
+        /// The corpus's.
+        corpus: usize,
+        /// The model's.
+        model: usize,
+    },
+}
+
+/// One decoded utterance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decoded {
+    /// Corpus index.
+    pub index: usize,
+    /// Language.
+    pub language: String,
+    /// Reference text.
+    pub reference: String,
+    /// Hypothesis text.
+    pub hypothesis: String,
+}
+
+/// Evaluation results.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Per language.
+    pub languages: BTreeMap<String, ErrorRates>,
+    /// All utterances.
+    pub overall: ErrorRates,
+    /// Every utterance's texts.
+    pub utterances: Vec<Decoded>,
+}
+
+impl Evaluation {
+    /// WER and CER, overall and per language, as the training metrics record them.
+    pub fn summary(&self) -> serde_json::Value {
+        let languages: serde_json::Map<String, serde_json::Value> = self
+            .languages
+            .iter()
+            .map(|(l, r)| (l.clone(), serde_json::json!({"wer": r.wer, "cer": r.cer})))
+            .collect();
+        serde_json::json!({
+            "utterances": self.overall.utterances,
+            "wer": self.overall.wer,
+            "cer": self.overall.cer,
+            "languages": languages,
+        })
+    }
+}
+
+/// Decodes `indices` of `corpus` in batches of at most `batch_seconds` of audio.
+pub fn evaluate<B: Backend>(
+    model: &TdtModel<B>,
+    cfg: &ModelConfig,
+    corpus: &Corpus,
+    indices: &[usize],
+    batch_seconds: f64,
+    device: &B::Device,
+) -> Result<Evaluation, EvalError> {
+    let pieces = Pieces::parse(corpus.tokenizer_model())?;
+    let vocab = corpus.metadata().tokenizer.vocab_size as usize;
+    let frontend = MelFrontend::<B>::new(&cfg.preprocessor, device);
+    let opts =
+        GreedyOptions { vocab: vocab + 1, durations: cfg.durations.clone(), max_symbols: Some(10) };
+    let mut order = indices.to_vec();
+    order.sort_by_key(|&i| corpus.num_samples()[i]);
+    let mut out = Evaluation::default();
+    let rate = f64::from(corpus.header().sample_rate);
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start + 1;
+        while end < order.len()
+            && (end + 1 - start) as f64 * f64::from(corpus.num_samples()[order[end]]) / rate
+                <= batch_seconds
+        {
+            end += 1;
+        }
+        let batch = &order[start..end];
+        let lens: Vec<u32> = batch.iter().map(|&i| corpus.num_samples()[i]).collect();
+        let max = lens.iter().copied().max().unwrap_or(0) as usize;
+        let mut pcm = vec![0i16; batch.len() * max];
+        for (row, &i) in pcm.chunks_exact_mut(max.max(1)).zip(batch) {
+            let x = corpus.pcm(i);
+            row[..x.len()].copy_from_slice(x);
+        }
+        let (feats, frame_lens) = frontend.forward(&pcm, batch.len(), &lens, None, device);
+        let (enc, enc_lens) = model.encode(cfg, feats, &frame_lens);
+        let proj = model.joint.project_encoder(enc);
+        let mut dec = BurnGreedy::new(model, proj, device);
+        let hyps = greedy_batch(&mut dec, &enc_lens, &opts);
+        for (&i, h) in batch.iter().zip(hyps) {
+            let reference =
+                corpus.text(i).map_err(|source| EvalError::Text { index: i, source })?.1;
+            let hypothesis = pieces.decode(&h.tokens);
+            let language = corpus.language_code(i).to_owned();
+            out.languages.entry(language.clone()).or_default().add(&reference, &hypothesis);
+            out.overall.add(&reference, &hypothesis);
+            out.utterances.push(Decoded { index: i, language, reference, hypothesis });
+        }
+        start = end;
+    }
+    out.utterances.sort_by_key(|d| d.index);
+    Ok(out)
+}
+
+/// Decodes the first `limit` utterances of `corpus` (all with `None`) with a checkpoint's model
+/// on `device`.
+pub fn evaluate_checkpoint<B: Backend>(
+    ckpt: &Path,
+    corpus: &Corpus,
+    limit: Option<usize>,
+    batch_seconds: f64,
+    device: &B::Device,
+) -> Result<Evaluation, EvalError> {
+    let (model, state) = checkpoint::load_for_inference::<B>(ckpt, device)?;
+    let vocab = corpus.metadata().tokenizer.vocab_size as usize;
+    if vocab != state.vocab {
+        return Err(EvalError::Vocabulary { corpus: vocab, model: state.vocab });
+    }
+    let n = limit.unwrap_or(corpus.len()).min(corpus.len());
+    let indices: Vec<usize> = (0..n).collect();
+    evaluate(&model, &state.config.model, corpus, &indices, batch_seconds, device)
+}
+
+/// [`evaluate_checkpoint`] on the CPU backend (instantiated in this optimised crate).
+pub fn evaluate_checkpoint_cpu(
+    ckpt: &Path,
+    corpus: &Corpus,
+    limit: Option<usize>,
+    batch_seconds: f64,
+) -> Result<Evaluation, EvalError> {
+    evaluate_checkpoint::<burn::backend::NdArray>(
+        ckpt,
+        corpus,
+        limit,
+        batch_seconds,
+        &Default::default(),
+    )
+}
