@@ -44,6 +44,9 @@ MAX_TEXT_BLOCK_UTTERANCES = 65_536
 MAX_TEXT_BLOCK_RAW_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_ID_BYTES = 1024
 MAX_TEXT_BYTES = 65_536
+MAX_JSON_DEPTH = 127
+
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class Invalid(Exception):
@@ -69,7 +72,7 @@ def parse_header(buf, file_len):
         raise Invalid(f"R3: endian marker {marker:#010x}")
     if sys.byteorder != "little":
         raise Invalid("R3: big-endian host")
-    if fmt < 1 or min_reader < 1 or min_reader > fmt or min_reader > READER_VERSION:
+    if fmt < 1 or not 1 <= min_reader <= fmt or min_reader > READER_VERSION:
         raise Invalid(f"R4: format_version {fmt}, min_reader_version {min_reader}")
     (stored,) = struct.unpack_from("<Q", h, 120)
     if xxh3(h[:120] + b"\0" * 8 + h[128:]) != stored:
@@ -98,7 +101,7 @@ def parse_header(buf, file_len):
 
 
 def section_map(hdr, file_len):
-    """R7, R8: name -> (offset, length)."""
+    """R7, R8: name -> (offset, length). Sections of length 0 share the next one's offset."""
     found = {}
     expected = HEADER_SIZE
     for i, (kind, flags, off, length, _) in enumerate(hdr["sections"]):
@@ -111,8 +114,9 @@ def section_map(hdr, file_len):
             if flags & ~OPTIONAL:
                 raise Invalid(f"R8: entry {i} flags {flags:#x}")
         else:
+            # Every kind of version 1 is required: its entry has no flag, not even OPTIONAL.
             if flags:
-                raise Invalid(f"R8: entry {i} ({name}) flags {flags:#x}")
+                raise Invalid(f"R8: entry {i} ({name}) flags {flags:#x}, expected 0")
             if name in found:
                 raise Invalid(f"R8: section {name} twice")
             found[name] = (off, length)
@@ -138,7 +142,7 @@ def raw(buf, sections, name):
 
 
 def check_lengths(hdr, sec):
-    """R10."""
+    """R10: lengths from N, S, T, token_width and K."""
     n, s, t = hdr["n"], hdr["s"], hdr["t"]
     blocks = -(-n // hdr["k"])
     want = {
@@ -153,53 +157,131 @@ def check_lengths(hdr, sec):
         raise Invalid("R10: METADATA or TOKENIZER above its limit")
 
 
-def parse_metadata(buf, hdr, sec):
-    """R12."""
+class NegativeZero(int):
+    """The JSON integer `-0`: not an integer member's value (SPEC.md section 6.6)."""
+
+
+def _json_int(text):
+    value = int(text)
+    float(value)  # OverflowError when out of binary64 range, as for any number
+    return NegativeZero(0) if text.startswith("-") and value == 0 else value
+
+
+def _json_float(text):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _json_constant(text):
+    raise ValueError(f"{text} is not JSON")
+
+
+def _json_object(pairs):
+    obj = {}
+    for name, value in pairs:
+        if name in obj:
+            raise ValueError(f"member name {name!r} is repeated in one object")
+        obj[name] = value
+    return obj
+
+
+def load_metadata_json(data):
+    """JSON as SPEC.md section 6.6 restricts it, applied to the whole document."""
     try:
-        meta = json.loads(raw(buf, sec, "METADATA").decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise Invalid(f"R12: METADATA is not JSON: {e}") from None
+        text = data.decode("utf-8")
+        doc = json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int,
+                         parse_float=_json_float, parse_constant=_json_constant)
+    except (UnicodeDecodeError, ValueError, OverflowError, RecursionError) as e:
+        raise Invalid(f"R11: METADATA is not valid JSON: {type(e).__name__}: {e}") from None
+    # Depth: the top-level value is at depth 1, what an array or object at depth d holds at d + 1.
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                raise Invalid(f"R11: METADATA nests deeper than {MAX_JSON_DEPTH} levels")
+            inner = list(value.values()) if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in inner)
+            strings = list(value) if isinstance(value, dict) else []
+        else:
+            strings = [value] if isinstance(value, str) else []
+        for text in strings:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise Invalid("R11: METADATA has a string with a lone surrogate") from None
+    return doc
+
+
+def _is_int(v, bits=64):
+    # bool is a subclass of int and NegativeZero marks `-0`: neither is an integer member.
+    return type(v) is int and 0 <= v < 2**bits
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_counts(d):
+    return (isinstance(d, dict) and all(_is_int(d[k]) for k in ("utterances", "samples", "tokens"))
+            and _is_number(d["hours"]))
+
+
+def hours_close(stored, computed):
+    """SPEC.md section 6.6: within 1e-9 relative."""
+    return abs(stored - computed) <= 1e-9 * max(abs(stored), abs(computed), 1e-300)
+
+
+def parse_metadata(buf, hdr, sec):
+    """R11."""
+    meta = load_metadata_json(raw(buf, sec, "METADATA"))
     try:
         langs, sources, tok, stats = meta["languages"], meta["sources"], meta["tokenizer"], meta["stats"]
         ok = (isinstance(langs, list) and all(isinstance(x, str) and x for x in langs)
               and isinstance(sources, list) and all(isinstance(x, str) for x in sources)
               and len(set(langs)) == len(langs) <= 65536
               and len(set(sources)) == len(sources) <= 65536
-              and tok["kind"] in ("sentencepiece", "none")
+              and isinstance(tok, dict)
+              and isinstance(tok["kind"], str) and tok["kind"] in ("sentencepiece", "none")
+              and _is_int(tok["vocab_size"], 32) and _is_int(tok["model_bytes"])
               and isinstance(meta["compile"], dict)
               and isinstance(tok["model_xxh3"], str) and len(tok["model_xxh3"]) == 16
-              and all(c in "0123456789abcdef" for c in tok["model_xxh3"]))
+              and all(c in "0123456789abcdef" for c in tok["model_xxh3"])
+              and _is_counts(stats) and isinstance(stats["per_language"], dict)
+              and all(_is_counts(v) for v in stats["per_language"].values()))
     except (KeyError, TypeError):
         ok = False
     if not ok:
-        raise Invalid("R12: METADATA members missing or malformed")
+        raise Invalid("R11: METADATA members missing or malformed")
     checks = [
         (tok["vocab_size"], hdr["vocab"]), (tok["model_bytes"], sec["TOKENIZER"][1]),
         (stats["utterances"], hdr["n"]), (stats["samples"], hdr["s"]), (stats["tokens"], hdr["t"]),
     ]
     if any(a != b for a, b in checks):
-        raise Invalid(f"R12: metadata counts {checks} disagree with the header")
+        raise Invalid(f"R11: metadata counts {checks} disagree with the header")
     return meta
 
 
 def check_arrays(buf, hdr, sec, meta):
-    """R11."""
+    """R12: NUM_SAMPLES, PCM_OFFSETS, TOKEN_OFFSETS, LANGUAGES and SOURCES."""
     n = hdr["n"]
     ns = array(buf, sec, "NUM_SAMPLES", "<u4").astype(np.uint64)
     if n and (ns.min() < 1 or ns.max() > MAX_UTTERANCE_SAMPLES):
-        raise Invalid("R11: NUM_SAMPLES out of range")
+        raise Invalid("R12: NUM_SAMPLES out of range")
     po = array(buf, sec, "PCM_OFFSETS", "<u8")
     starts = np.concatenate([[0], np.cumsum(ns)]).astype(np.uint64)
     if not np.array_equal(po, starts[:n]) or int(starts[n]) != hdr["s"]:
-        raise Invalid("R11: PCM_OFFSETS are not back to back or do not sum to n_samples")
+        raise Invalid("R12: PCM_OFFSETS are not back to back or do not sum to n_samples")
     to = array(buf, sec, "TOKEN_OFFSETS", "<u8").astype(np.int64)
     counts = np.diff(to)
     if to[0] != 0 or to[-1] != hdr["t"] or (n and (counts.min() < 0 or counts.max() > MAX_TOKENS_PER_UTTERANCE)):
-        raise Invalid("R11: TOKEN_OFFSETS invalid")
+        raise Invalid("R12: TOKEN_OFFSETS invalid")
     for name, table in (("LANGUAGES", meta["languages"]), ("SOURCES", meta["sources"])):
         ids = array(buf, sec, name, "<u2")
         if n and int(ids.max()) >= len(table):
-            raise Invalid(f"R11: {name} id out of its table")
+            raise Invalid(f"R12: {name} id out of its table")
     return ns, po, to
 
 
@@ -218,6 +300,54 @@ def check_text_index(buf, hdr, sec):
     if at != sec["TEXT_BLOCKS"][1]:
         raise Invalid("R13: text frames do not fill TEXT_BLOCKS")
     return entries
+
+
+def zstd_frame_layout(frame):
+    """(Frame_Content_Size or None, Dictionary_ID, length of the first frame) of a zstd frame,
+    read from its frame header and block headers as RFC 8878 section 3.1.1 describes them."""
+    if frame[:4] != ZSTD_FRAME_MAGIC:
+        raise ValueError(f"starts with {frame[:4].hex(' ')}, not the zstd frame magic")
+    if len(frame) < 5:
+        raise ValueError("truncated frame header")
+    fhd = frame[4]
+    fcs_flag, single_segment, has_checksum, did_flag = fhd >> 6, fhd >> 5 & 1, fhd >> 2 & 1, fhd & 3
+    pos = 5 + (0 if single_segment else 1)  # Window_Descriptor
+    did_size = (0, 1, 2, 4)[did_flag]
+    dictionary_id = int.from_bytes(frame[pos:pos + did_size], "little")
+    pos += did_size
+    fcs_size = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    content_size = None
+    if fcs_size:
+        content_size = int.from_bytes(frame[pos:pos + fcs_size], "little") + (256 if fcs_size == 2 else 0)
+    pos += fcs_size
+    while True:
+        if pos + 3 > len(frame):
+            raise ValueError("truncated block header")
+        block_header = int.from_bytes(frame[pos:pos + 3], "little")
+        last, block_type, block_size = block_header & 1, block_header >> 1 & 3, block_header >> 3
+        if block_type == 3:
+            raise ValueError("reserved block type")
+        pos += 3 + (1 if block_type == 1 else block_size)  # an RLE block stores one byte
+        if last:
+            break
+    pos += 4 if has_checksum else 0
+    if pos > len(frame):
+        raise ValueError("truncated frame")
+    return content_size, dictionary_id, pos
+
+
+def check_frame(frame, raw_len, b):
+    """V5: a text block is exactly one zstd frame that declares raw_len and needs no dictionary."""
+    try:
+        content_size, dictionary_id, length = zstd_frame_layout(frame)
+    except ValueError as e:
+        raise Invalid(f"V5: text block {b} is not one zstd frame: {e}") from None
+    if length != len(frame):
+        raise Invalid(f"V5: text block {b}: its zstd frame ends at byte {length} of {len(frame)}")
+    if content_size != raw_len:
+        raise Invalid(f"V5: text block {b}: frame content size {content_size}, raw_len {raw_len}")
+    if dictionary_id:
+        raise Invalid(f"V5: text block {b}: frame needs dictionary {dictionary_id}")
 
 
 def verify(buf, hdr, sec, meta, ns, po, to, text_index):
@@ -245,6 +375,7 @@ def verify(buf, hdr, sec, meta, ns, po, to, text_index):
     seen = set()
     for b, (off, clen, rlen, k) in enumerate(text_index):
         frame = bytes(buf[blocks_off + off:blocks_off + off + clen])
+        check_frame(frame, rlen, b)
         try:
             data = dctx.decompress(frame, max_output_size=rlen)
         except zstandard.ZstdError as e:
@@ -290,10 +421,10 @@ def verify(buf, hdr, sec, meta, ns, po, to, text_index):
     for code, c in per.items():
         s = stored[code]
         if (s["utterances"], s["samples"], s["tokens"]) != (c["utterances"], c["samples"], c["tokens"]) \
-                or abs(s["hours"] - c["hours"]) > 1e-9 * max(abs(c["hours"]), 1e-300):
+                or not hours_close(s["hours"], c["hours"]):
             raise Invalid(f"V8: stats.per_language[{code!r}] disagrees with the utterances")
     hours = hdr["s"] / SAMPLE_RATE / 3600
-    if abs(meta["stats"]["hours"] - hours) > 1e-9 * max(hours, 1e-300):
+    if not hours_close(meta["stats"]["hours"], hours):
         raise Invalid("V8: stats.hours disagrees with the header")
     return per
 

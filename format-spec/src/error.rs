@@ -56,7 +56,7 @@ pub enum FormatError {
         /// Newest version this reader supports.
         newest: u32,
     },
-    /// R5, R9: a header field has a value the format does not allow.
+    /// R4, R5, R9: a header field has a value the format does not allow.
     #[error("header field {field} at byte {offset}: expected {expected}, found {found}")]
     HeaderField {
         /// Field name as in SPEC.md.
@@ -116,8 +116,9 @@ pub enum FormatError {
         /// Kind code.
         code: u32,
     },
-    /// R8: undefined flag bits.
-    #[error("section table entry {entry} ({kind}): undefined flag bits {flags:#x}")]
+    /// R8: flags a section entry may not have (any flag on a kind this version defines, a flag
+    /// other than OPTIONAL on an unknown kind).
+    #[error("section table entry {entry} ({kind}): flags are {flags:#x}, expected {expected}")]
     SectionFlags {
         /// Entry index.
         entry: usize,
@@ -125,6 +126,8 @@ pub enum FormatError {
         kind: String,
         /// Flags found.
         flags: u32,
+        /// The flags the entry may have.
+        expected: &'static str,
     },
     /// R8: a required section appears twice.
     #[error("section {kind} appears twice (table entries {first} and {second})")]
@@ -142,7 +145,7 @@ pub enum FormatError {
         /// Section kind.
         kind: SectionKind,
     },
-    /// R10: a section's length does not match N, S or T.
+    /// R10: a section's length does not match N, S, T, token_width and K.
     #[error("section {kind} is {found} bytes, expected {expected}")]
     SectionLength {
         /// Section kind.
@@ -152,7 +155,7 @@ pub enum FormatError {
         /// Length in the section table.
         found: u64,
     },
-    /// R11, R13: a per-utterance or per-block array entry is invalid.
+    /// R12, R13: a per-utterance or per-block array entry is invalid.
     #[error("{section}[{index}]: {message}")]
     Array {
         /// Section holding the entry.
@@ -162,7 +165,7 @@ pub enum FormatError {
         /// What is wrong, with expected and found values.
         message: String,
     },
-    /// R12: the metadata JSON is malformed or disagrees with the header.
+    /// R11, V7, V8: the metadata JSON is malformed or disagrees with the header or the sections.
     #[error("METADATA: {message}")]
     Metadata {
         /// What is wrong.

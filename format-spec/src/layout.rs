@@ -57,6 +57,14 @@ pub const MAX_TEXT_BLOCK_RAW_BYTES: u32 = 64 * 1024 * 1024;
 pub const MAX_SEGMENT_ID_BYTES: usize = 1024;
 /// Longest transcript, in bytes.
 pub const MAX_TEXT_BYTES: usize = 65_536;
+/// Deepest nesting of arrays and objects in the METADATA JSON, the top-level object counting as
+/// depth 1. It is serde_json's default recursion limit, applied to the whole document (members
+/// a reader ignores included), and bounds the stack a recursive JSON parser needs.
+pub const MAX_JSON_DEPTH: usize = 127;
+
+/// First 4 bytes of a zstd frame (RFC 8878 section 3.1.1), which every text block starts with.
+/// Skippable frames (`50..5F 2A 4D 18`) and legacy formats have other magic numbers.
+pub const ZSTD_FRAME_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 
 /// Header field offsets (SPEC.md section 4).
 pub mod header_offset {

@@ -110,14 +110,15 @@ impl Corpus {
 
     fn from_storage(storage: Storage) -> Result<Corpus, FormatError> {
         let bytes = storage.bytes();
-        let header = parse_header(bytes)?;
-        let ranges = section_ranges(&header, bytes.len() as u64)?;
-        check_section_lengths(&header, &ranges)?;
+        // The rules in SPEC.md's order: each needs only what the ones before it established.
+        let header = parse_header(bytes)?; // R1-R6, R9
+        let ranges = section_ranges(&header, bytes.len() as u64)?; // R7, R8
+        check_section_lengths(&header, &ranges)?; // R10
         let metadata = Metadata::parse(&bytes[ranges[SectionKind::Metadata.slot()].clone()])?;
-        check_metadata_against_header(&metadata, &header, &ranges)?;
+        check_metadata_against_header(&metadata, &header, &ranges)?; // R11
         let corpus = Corpus { storage, header, ranges, metadata };
-        corpus.check_utterance_arrays()?;
-        corpus.check_text_index()?;
+        corpus.check_utterance_arrays()?; // R12, with R11's table lengths
+        corpus.check_text_index()?; // R13
         Ok(corpus)
     }
 
@@ -259,8 +260,9 @@ impl Corpus {
         self.len().div_ceil(self.header.text_block_size as usize)
     }
 
-    /// Decompresses and checks text block `b` (rule V5). Fails only for a corrupt block; panics
-    /// if `b >= text_block_count()`.
+    /// Decompresses and checks text block `b` (rule V5: one zstd frame as SPEC.md section 6.5
+    /// says, then the record layout). Fails only for a corrupt block; panics if
+    /// `b >= text_block_count()`.
     pub fn text_block(&self, b: usize) -> Result<TextBlock, FormatError> {
         let k = self.header.text_block_size as usize;
         let first = (b * k) as u64;
@@ -270,6 +272,7 @@ impl Corpus {
         let frame =
             &blocks[entry.offset as usize..entry.offset as usize + entry.compressed_len as usize];
         let err = |message: String| FormatError::TextBlock { block: b as u64, first, message };
+        check_frame(frame, entry.raw_len).map_err(err)?;
         let raw = decompress_exact(frame, entry.raw_len as usize).map_err(err)?;
         text::decode_raw(first, records, raw).map_err(|e| err(e.0))
     }
@@ -307,7 +310,7 @@ impl Corpus {
         self.storage.will_need(base + 2 * start..base + 2 * end);
     }
 
-    /// R11: one pass over the per-utterance arrays.
+    /// R12: one pass over the five per-utterance arrays.
     fn check_utterance_arrays(&self) -> Result<(), FormatError> {
         let n = self.len();
         let ns = self.num_samples();
@@ -430,6 +433,46 @@ impl Corpus {
     }
 }
 
+/// SPEC.md section 6.5: a text block is exactly one zstd frame (not skippable, not legacy, nothing
+/// after it) that declares its content size as `raw_len` and names no dictionary. Reads only the
+/// frame header and the block headers.
+fn check_frame(frame: &[u8], raw_len: u32) -> Result<(), String> {
+    use zstd::zstd_safe;
+    if !frame.starts_with(&layout::ZSTD_FRAME_MAGIC) {
+        let head: Vec<String> = frame.iter().take(4).map(|b| format!("{b:02x}")).collect();
+        return Err(format!(
+            "starts with {}, expected the zstd frame magic 28 b5 2f fd (one zstd frame per block)",
+            head.join(" ")
+        ));
+    }
+    match zstd_safe::get_frame_content_size(frame) {
+        Ok(Some(n)) if n == u64::from(raw_len) => {}
+        Ok(Some(n)) => {
+            return Err(format!("zstd frame declares a content size of {n}, raw_len is {raw_len}"))
+        }
+        Ok(None) => {
+            return Err(format!(
+                "zstd frame does not declare its content size, expected raw_len {raw_len}"
+            ))
+        }
+        Err(_) => return Err("zstd frame header is invalid or truncated".into()),
+    }
+    if let Some(id) = zstd_safe::get_dict_id_from_frame(frame) {
+        return Err(format!("zstd frame needs dictionary {id}, text frames use none"));
+    }
+    match zstd_safe::find_frame_compressed_size(frame) {
+        Ok(n) if n == frame.len() => Ok(()),
+        Ok(n) => Err(format!(
+            "its zstd frame ends at byte {n} of {}: anything after the one frame of a block (a \
+             second frame, a skippable frame) is not allowed",
+            frame.len()
+        )),
+        Err(code) => {
+            Err(format!("is not one complete zstd frame: {}", zstd_safe::get_error_name(code)))
+        }
+    }
+}
+
 /// Decompresses one zstd frame, refusing output larger than `expected` and requiring exactly it.
 fn decompress_exact(frame: &[u8], expected: usize) -> Result<Vec<u8>, String> {
     // One byte of headroom distinguishes "exactly raw_len" from "more than raw_len".
@@ -441,7 +484,8 @@ fn decompress_exact(frame: &[u8], expected: usize) -> Result<Vec<u8>, String> {
     Ok(raw)
 }
 
-/// R1-R6 and R9: the fixed header fields and the section table entries.
+/// R1-R6 and R9 (R9 needs only the header, so it is applied here, before R7 and R8): the fixed
+/// header fields and the section table entries.
 fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
     if bytes.len() < layout::HEADER_SIZE as usize {
         return Err(FormatError::TooSmall { len: bytes.len() as u64 });
@@ -464,8 +508,15 @@ fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
     }
     let format_version = le_u32(h, ho::FORMAT_VERSION);
     let min_reader_version = le_u32(h, ho::MIN_READER_VERSION);
+    if min_reader_version == 0 {
+        return Err(FormatError::HeaderField {
+            field: "min_reader_version",
+            offset: ho::MIN_READER_VERSION,
+            expected: format!("1..={format_version} (format_version)"),
+            found: "0".into(),
+        });
+    }
     if format_version < layout::OLDEST_READABLE_VERSION
-        || min_reader_version == 0
         || min_reader_version > format_version
         || min_reader_version > layout::FORMAT_VERSION
     {
@@ -585,9 +636,19 @@ fn section_ranges(header: &Header, file_len: u64) -> Result<[Range<usize>; 12], 
                 found: s.offset,
             });
         }
-        let allowed = if kind.is_some() { 0 } else { layout::FLAG_OPTIONAL };
+        // Every kind this version defines is required, so its entry has no flag; only an unknown
+        // kind may be OPTIONAL.
+        let (allowed, allowed_text) = match kind {
+            Some(_) => (0, "0 (every kind this version defines is required)"),
+            None => (layout::FLAG_OPTIONAL, "0 or 0x1 (OPTIONAL)"),
+        };
         if s.flags & !allowed != 0 {
-            return Err(FormatError::SectionFlags { entry: i, kind: name, flags: s.flags });
+            return Err(FormatError::SectionFlags {
+                entry: i,
+                kind: name,
+                flags: s.flags,
+                expected: allowed_text,
+            });
         }
         let end = s.offset.checked_add(s.length).filter(|&e| e <= file_len).ok_or(
             FormatError::FileLength {
@@ -627,7 +688,7 @@ fn section_ranges(header: &Header, file_len: u64) -> Result<[Range<usize>; 12], 
     Ok(ranges)
 }
 
-/// R10: each array section's length follows from N, S and T.
+/// R10: each array section's length follows from N, S, T, token_width and K.
 fn check_section_lengths(header: &Header, ranges: &[Range<usize>; 12]) -> Result<(), FormatError> {
     let n = header.n_utterances;
     let blocks = n.div_ceil(u64::from(header.text_block_size));
@@ -662,7 +723,7 @@ fn check_section_lengths(header: &Header, ranges: &[Range<usize>; 12]) -> Result
     Ok(())
 }
 
-/// R12: the metadata's counts agree with the header.
+/// R11: the metadata's counts agree with the header.
 fn check_metadata_against_header(
     meta: &Metadata,
     header: &Header,

@@ -140,6 +140,8 @@ impl SynthSpec {
             segment_id: format!("syn-{index:08}"),
             text,
             language: self.pick_language(&mut rng),
+            // With no configured source the utterance gets the empty source name, which the
+            // format allows (only language codes must be non-empty).
             source: (self.sources.get(rng.below(self.sources.len().max(1) as u64) as usize))
                 .cloned()
                 .unwrap_or_default(),

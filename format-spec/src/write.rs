@@ -216,6 +216,8 @@ impl CorpusWriter {
             _ => PathBuf::from("."),
         };
         let io_err = |action, source| WriteError::Io { action, path: dir.clone(), source };
+        // Only the temporary file's name prefix: a destination without a file name (`dir/..`)
+        // gets a prefix of "..", and the final rename then reports the real error.
         let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
@@ -288,8 +290,11 @@ impl CorpusWriter {
     }
 
     fn spool(&mut self, kind: SectionKind, bytes: &[u8]) -> Result<(), WriteError> {
-        // SPOOLED lists every kind this is called with.
-        let slot = SPOOLED.iter().position(|&k| k == kind).unwrap_or(0);
+        // A fallback slot would silently write one section's bytes into another's.
+        let slot = SPOOLED
+            .iter()
+            .position(|&k| k == kind)
+            .expect("spool() is only called with the kinds SPOOLED lists");
         let r = self.spools[slot].write(bytes);
         r.map_err(self.io("writing a spool for"))
     }

@@ -94,3 +94,85 @@ pub fn check(bytes: &[u8]) -> Option<String> {
         Err(e) => Some(e.to_string()),
     }
 }
+
+/// Rebuilds a valid corpus with new contents for some sections: the others are copied, every
+/// section is placed back to back again and every checksum is recomputed, so that the result
+/// breaks only the rule the new contents break.
+pub fn with_sections(bytes: &[u8], replace: &[(SectionKind, Vec<u8>)]) -> Vec<u8> {
+    let c = Corpus::from_bytes(bytes).unwrap();
+    let mut header = c.header().clone();
+    let mut body = Vec::new();
+    let mut pos = layout::HEADER_SIZE;
+    for e in &mut header.sections {
+        let kind = SectionKind::from_code(e.kind).unwrap();
+        let data = match replace.iter().find(|(k, _)| *k == kind) {
+            Some((_, d)) => d.clone(),
+            None => c.section_bytes(kind).to_vec(),
+        };
+        e.offset = pos;
+        e.length = data.len() as u64;
+        e.checksum = xxhash_rust::xxh3::xxh3_64(&data);
+        body.extend_from_slice(&data);
+        let end = layout::align_up(pos + e.length).unwrap();
+        body.resize((end - layout::HEADER_SIZE) as usize, 0);
+        pos = end;
+    }
+    let mut out = header.to_bytes().unwrap();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Replaces the METADATA JSON text (`edit` gets the writer's compact JSON).
+pub fn with_metadata(bytes: &[u8], edit: impl FnOnce(&str) -> String) -> Vec<u8> {
+    let c = Corpus::from_bytes(bytes).unwrap();
+    let json = std::str::from_utf8(c.section_bytes(SectionKind::Metadata)).unwrap();
+    with_sections(bytes, &[(SectionKind::Metadata, edit(json).into_bytes())])
+}
+
+/// The decompressed bytes of every text block, with its record count.
+pub fn raw_text_blocks(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let c = Corpus::from_bytes(bytes).unwrap();
+    let index = c.section_bytes(SectionKind::TextIndex);
+    let blocks = c.section_bytes(SectionKind::TextBlocks);
+    index
+        .chunks_exact(layout::TEXT_INDEX_ENTRY_BYTES)
+        .map(|e| {
+            let e = layout::TextIndexEntry::from_bytes(e);
+            let frame = &blocks[e.offset as usize..][..e.compressed_len as usize];
+            zstd::bulk::decompress(frame, e.raw_len as usize).unwrap()
+        })
+        .collect()
+}
+
+/// Replaces TEXT_BLOCKS by `frames` (stored bytes and raw_len of each block) and rewrites
+/// TEXT_INDEX to match.
+pub fn with_text_frames(bytes: &[u8], frames: &[(Vec<u8>, u32)]) -> Vec<u8> {
+    let (mut index, mut blocks) = (Vec::new(), Vec::new());
+    for (frame, raw_len) in frames {
+        let e = layout::TextIndexEntry {
+            offset: blocks.len() as u64,
+            compressed_len: frame.len() as u32,
+            raw_len: *raw_len,
+        };
+        index.extend_from_slice(&e.to_bytes());
+        blocks.extend_from_slice(frame);
+    }
+    with_sections(bytes, &[(SectionKind::TextIndex, index), (SectionKind::TextBlocks, blocks)])
+}
+
+/// Replaces text block `b` by `frame` (which decompresses to `raw_len` bytes); the other blocks
+/// are compressed as the writer does.
+pub fn with_text_frame(bytes: &[u8], b: usize, frame: Vec<u8>, raw_len: usize) -> Vec<u8> {
+    let frames: Vec<(Vec<u8>, u32)> = raw_text_blocks(bytes)
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            if i == b {
+                (frame.clone(), raw_len as u32)
+            } else {
+                (zstd::bulk::compress(&raw, 9).unwrap(), raw.len() as u32)
+            }
+        })
+        .collect();
+    with_text_frames(bytes, &frames)
+}

@@ -163,6 +163,17 @@ fn empty_corpus_is_valid() {
     let c = Corpus::from_bytes(&bytes).unwrap();
     assert!(c.is_empty());
     assert_eq!(c.verify().unwrap().utterances, 0);
+    // SPEC.md section 5: empty sections take no bytes and share the next section's offset; the
+    // checksum of an empty section is xxh3 of nothing.
+    let sections = &c.header().sections;
+    let empty: Vec<_> = sections.iter().filter(|s| s.length == 0).collect();
+    assert_eq!(empty.len(), 10, "all but TOKEN_OFFSETS and METADATA are empty");
+    for s in empty {
+        assert_eq!(s.checksum, 0x2d06_8005_38d3_94c2);
+    }
+    assert!(sections.windows(2).any(|w| w[0].offset == w[1].offset));
+    assert_eq!(sections[0].offset, 4096);
+    assert_eq!(bytes.len(), 3 * 4096, "header, TOKEN_OFFSETS' page, METADATA's page");
 }
 
 #[test]
