@@ -33,6 +33,21 @@ pub enum Duplicate {
 }
 
 impl Duplicate {
+    /// What it duplicates, for the report.
+    pub fn detail(&self) -> String {
+        match self {
+            Duplicate::DuplicateRow { first_row } => {
+                format!("every field equals row {first_row}'s")
+            }
+            Duplicate::ReusedSegmentId { first_row } => {
+                format!("segment id already used by row {first_row} with other content")
+            }
+            Duplicate::DuplicateAudio { first_segment_id } => {
+                format!("decoded audio identical to segment {first_segment_id:?}'s")
+            }
+        }
+    }
+
     /// The reason's name, as the report counts it.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -154,6 +154,17 @@ pub enum Method {
     ScriptLetters,
 }
 
+impl Method {
+    /// The method's name, as reports write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Script => "script",
+            Method::Lid => "lid",
+            Method::ScriptLetters => "script_letters",
+        }
+    }
+}
+
 /// A language decision for one transcript.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {

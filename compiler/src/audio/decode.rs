@@ -37,6 +37,18 @@ pub enum Reject {
 }
 
 impl Reject {
+    /// What exactly is wrong, for the report.
+    pub fn detail(&self) -> &str {
+        match self {
+            Reject::MissingFile(d)
+            | Reject::NotFlac(d)
+            | Reject::CorruptFlac(d)
+            | Reject::TruncatedFlac(d)
+            | Reject::NoSamples(d)
+            | Reject::Unsupported(d) => d,
+        }
+    }
+
     /// The reason's name, as the report counts it.
     pub fn reason(&self) -> &'static str {
         match self {

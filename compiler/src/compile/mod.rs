@@ -19,7 +19,7 @@ pub mod report;
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use asr_corpus::{CorpusWriter, UtteranceIn, WriteError, WriterOptions};
 use rayon::prelude::*;
@@ -161,8 +161,6 @@ pub struct Progress {
     pub rows_total: u64,
     /// Hours of audio kept so far.
     pub hours_kept: f64,
-    /// Hours the input claims in the rows done (for the ETA).
-    pub hours_claimed_done: f64,
 }
 
 enum Source {
@@ -207,18 +205,18 @@ struct Audio {
 /// A chunk after stage 2, waiting for stage 3.
 struct Processed {
     ready: Vec<Ready>,
-    results: Vec<(Result<Audio, Box<Entry>>, Nanos)>,
+    results: Vec<(Result<Audio, Box<Entry>>, Timings)>,
     stage1_entries: Vec<Entry>,
     rows: u64,
-    claimed: f64,
 }
 
+/// Time one row spent in each stage-2 step.
 #[derive(Default, Clone, Copy)]
-struct Nanos {
-    decode: u128,
-    resample: u128,
-    tokenize: u128,
-    hash: u128,
+struct Timings {
+    decode: Duration,
+    resample: Duration,
+    tokenize: Duration,
+    hash: Duration,
 }
 
 thread_local! {
@@ -248,8 +246,9 @@ struct Compiler<'a> {
     entries: EntryWriter,
     /// This chunk's entries, written in row order when the chunk is done.
     chunk_entries: Vec<Entry>,
-    /// Progress after the last chunk written, for the caller's callback.
-    last_progress: Option<Progress>,
+    /// Rows in the input (for progress).
+    rows_total: u64,
+    /// Where the time went (worker threads' seconds summed).
     stage: StageSeconds,
 }
 
@@ -290,18 +289,7 @@ impl Compiler<'_> {
         let fields = row.fields();
         let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
         if let Some(dup) = self.dedup.check_row(row.row, &segment_id, &field_refs) {
-            let detail = match &dup {
-                crate::dedup::Duplicate::DuplicateRow { first_row } => {
-                    format!("every field equals row {first_row}'s")
-                }
-                crate::dedup::Duplicate::ReusedSegmentId { first_row } => {
-                    format!("segment id already used by row {first_row} with other content")
-                }
-                crate::dedup::Duplicate::DuplicateAudio { first_segment_id } => {
-                    format!("same audio as {first_segment_id}")
-                }
-            };
-            let e = drop(&row, dup.reason(), detail);
+            let e = drop(&row, dup.reason(), dup.detail());
             return self.dropped(e);
         }
         if let Some(e) = self.filter(&row) {
@@ -370,11 +358,7 @@ impl Compiler<'_> {
             self.record(entry(&row, Kind::Flagged, reason, detail))?;
         }
         if decision.retagged {
-            let method = decision
-                .method
-                .and_then(|m| serde_json::to_value(m).ok())
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let method = decision.method.map_or("", lang::Method::name).to_owned();
             let mut e = entry(
                 &row,
                 Kind::Retagged,
@@ -448,27 +432,23 @@ impl Compiler<'_> {
         &mut self,
         writer: &mut CorpusWriter,
         chunk: Processed,
-        nanos: &mut Nanos,
-        claimed_done: &mut f64,
-    ) -> Result<(), CompileError> {
+    ) -> Result<Progress, CompileError> {
         self.chunk_entries.extend(chunk.stage1_entries);
-        for (r, (audio, ns)) in chunk.ready.iter().zip(chunk.results) {
-            nanos.decode += ns.decode;
-            nanos.resample += ns.resample;
-            nanos.tokenize += ns.tokenize;
-            nanos.hash += ns.hash;
+        let s = |d: Duration| d.as_secs_f64();
+        for (r, (audio, t)) in chunk.ready.iter().zip(chunk.results) {
+            self.stage.decode += s(t.decode);
+            self.stage.resample += s(t.resample);
+            self.stage.tokenize += s(t.tokenize);
+            self.stage.hash += s(t.hash);
             self.write(writer, r, audio)?;
         }
         self.flush_entries()?;
         self.summary.rows += chunk.rows;
-        *claimed_done += chunk.claimed;
-        self.last_progress = Some(Progress {
+        Ok(Progress {
             rows_done: self.summary.rows,
-            rows_total: 0,
+            rows_total: self.rows_total,
             hours_kept: self.summary.hours_after.values().sum(),
-            hours_claimed_done: *claimed_done,
-        });
-        Ok(())
+        })
     }
 
     /// Stage 3 for one row.
@@ -484,13 +464,7 @@ impl Compiler<'_> {
         };
         self.summary.decoded_hours += audio.source_seconds / 3600.0;
         if let Some(dup) = self.dedup.check_audio(&ready.segment_id, audio.hash, audio.pcm.len()) {
-            let detail = match &dup {
-                crate::dedup::Duplicate::DuplicateAudio { first_segment_id } => {
-                    format!("decoded audio identical to segment {first_segment_id:?}'s")
-                }
-                _ => String::new(),
-            };
-            return self.record(entry(&ready.row, Kind::Dropped, dup.reason(), detail));
+            return self.record(entry(&ready.row, Kind::Dropped, dup.reason(), dup.detail()));
         }
         let source = ready.row.source.as_deref().unwrap_or("");
         let t = Instant::now();
@@ -549,7 +523,7 @@ fn process(
     tokenizer: &Tokenizer,
     prefix: LangPrefix,
     max_tokens: usize,
-    nanos: &mut Nanos,
+    timings: &mut Timings,
 ) -> Result<Audio, Box<Entry>> {
     let reject = |reason: &str, detail: String| {
         let mut e = entry(&ready.row, Kind::Dropped, reason, detail);
@@ -557,18 +531,9 @@ fn process(
         Box::new(e)
     };
     let t = Instant::now();
-    let decoded = decode_file(&ready.audio).map_err(|r: Reject| {
-        let detail = match &r {
-            Reject::MissingFile(d)
-            | Reject::NotFlac(d)
-            | Reject::CorruptFlac(d)
-            | Reject::TruncatedFlac(d)
-            | Reject::NoSamples(d)
-            | Reject::Unsupported(d) => d.clone(),
-        };
-        reject(r.reason(), detail)
-    })?;
-    nanos.decode += t.elapsed().as_nanos();
+    let decoded =
+        decode_file(&ready.audio).map_err(|r: Reject| reject(r.reason(), r.detail().to_owned()))?;
+    timings.decode += t.elapsed();
     let t = Instant::now();
     let source_seconds = decoded.samples.len() as f64 / f64::from(decoded.rate.max(1));
     let resampled = RESAMPLER
@@ -577,18 +542,18 @@ fn process(
     drop(decoded);
     let pcm = to_i16(&resampled);
     drop(resampled);
-    nanos.resample += t.elapsed().as_nanos();
+    timings.resample += t.elapsed();
     if pcm.is_empty() {
         return Err(reject("no_samples", "no samples left after resampling to 16 kHz".into()));
     }
     let t = Instant::now();
     let hash = asr_corpus::audio_hash(&pcm);
-    nanos.hash += t.elapsed().as_nanos();
+    timings.hash += t.elapsed();
     let t = Instant::now();
     let encoded = tokenizer
         .encode(&ready.language, &ready.text, prefix, max_tokens)
         .map_err(|e| reject("tokenize_error", e.to_string()))?;
-    nanos.tokenize += t.elapsed().as_nanos();
+    timings.tokenize += t.elapsed();
     Ok(Audio { pcm, hash, source_seconds, tokens: encoded.ids, truncated: encoded.truncated })
 }
 
@@ -622,7 +587,7 @@ pub fn compile(
             (Source::Shards(ShardsReader::open(p, opts.chunk_rows, &opts.shard_source)?), p.clone())
         }
     };
-    let mut stage = StageSeconds { read_input: t.elapsed().as_secs_f64(), ..Default::default() };
+    let opened = t.elapsed().as_secs_f64();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
         .thread_name(|i| format!("asrc-worker-{i}"))
@@ -652,12 +617,9 @@ pub fn compile(
         },
         entries,
         chunk_entries: Vec::new(),
-        last_progress: None,
-        stage: StageSeconds::default(),
+        rows_total: source.rows(),
+        stage: StageSeconds { read_input: opened, ..StageSeconds::default() },
     };
-    let rows_total = source.rows();
-    let mut claimed_done = 0.0;
-    let mut nanos = Nanos::default();
     let mut previous: Option<Processed> = None;
     let mut pending: Vec<ManifestRow> = Vec::new();
     let mut exhausted = false;
@@ -673,14 +635,12 @@ pub fn compile(
                 Some(rows) => pending.extend(rows?),
             }
         }
-        stage.read_input += t.elapsed().as_secs_f64();
+        c.stage.read_input += t.elapsed().as_secs_f64();
         if pending.is_empty() {
             break;
         }
         let chunk = std::mem::take(&mut pending);
         let n = chunk.len() as u64;
-        let claimed =
-            chunk.iter().filter_map(|r| r.duration).filter(|d| d.is_finite()).sum::<f64>();
         let t = Instant::now();
         let mut ready = Vec::with_capacity(chunk.len());
         for row in chunk {
@@ -689,57 +649,45 @@ pub fn compile(
             }
         }
         let stage1_entries = std::mem::take(&mut c.chunk_entries);
-        stage.text_and_language += t.elapsed().as_secs_f64();
+        c.stage.text_and_language += t.elapsed().as_secs_f64();
         // Stage 2 of this chunk runs on the pool while this thread writes the previous chunk.
         let tok = c.tokenizer;
         let (prefix, max_tokens) = (opts.lang_prefix, opts.max_tokens);
         let pool = &pool;
         let (done, wrote) = std::thread::scope(|scope| {
             let worker = scope.spawn(move || {
-                let results: Vec<(Result<Audio, Box<Entry>>, Nanos)> = pool.install(|| {
+                let results: Vec<(Result<Audio, Box<Entry>>, Timings)> = pool.install(|| {
                     ready
                         .par_iter()
                         .map(|r| {
-                            let mut ns = Nanos::default();
-                            let a = process(r, tok, prefix, max_tokens, &mut ns);
-                            (a, ns)
+                            let mut t = Timings::default();
+                            let a = process(r, tok, prefix, max_tokens, &mut t);
+                            (a, t)
                         })
                         .collect()
                 });
                 (ready, results)
             });
-            let wrote = match previous.take() {
-                Some(chunk) => c.write_chunk(&mut writer, chunk, &mut nanos, &mut claimed_done),
-                None => Ok(()),
-            };
+            let wrote = previous.take().map(|chunk| c.write_chunk(&mut writer, chunk)).transpose();
             (worker.join(), wrote)
         });
-        wrote?;
+        if let Some(p) = wrote? {
+            progress(&p);
+        }
         let (ready, results) = done.map_err(|_| {
             CompileError::Options("a worker thread panicked while decoding audio".into())
         })?;
-        if let Some(p) = c.last_progress.take() {
-            progress(&Progress { rows_total, ..p });
-        }
-        previous = Some(Processed { ready, results, stage1_entries, rows: n, claimed });
+        previous = Some(Processed { ready, results, stage1_entries, rows: n });
     }
     if let Some(chunk) = previous.take() {
-        c.write_chunk(&mut writer, chunk, &mut nanos, &mut claimed_done)?;
-        if let Some(p) = c.last_progress.take() {
-            progress(&Progress { rows_total, ..p });
-        }
+        progress(&c.write_chunk(&mut writer, chunk)?);
     }
     let t = Instant::now();
     let written = writer.finish()?;
-    stage.write += c.stage.write + t.elapsed().as_secs_f64();
+    c.stage.write += t.elapsed().as_secs_f64();
     let entries_path = opts.entries_path.clone();
-    let Compiler { mut summary, entries, .. } = c;
+    let Compiler { mut summary, entries, stage, .. } = c;
     entries.finish().map_err(|source| CompileError::Report { path: entries_path, source })?;
-    let s = |ns: u128| ns as f64 * 1e-9;
-    stage.decode = s(nanos.decode);
-    stage.resample = s(nanos.resample);
-    stage.tokenize = s(nanos.tokenize);
-    stage.hash = s(nanos.hash);
     summary.stage_seconds = stage;
     summary.corpus_bytes = written.bytes;
     summary.wall_seconds = started.elapsed().as_secs_f64();
