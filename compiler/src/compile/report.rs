@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::manifest::ManifestRow;
+
 /// What happened to a row that the report lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -53,6 +55,22 @@ pub struct Entry {
     /// The language change, for a retagged row.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retag: Option<Retag>,
+}
+
+impl Entry {
+    /// An entry for `row`, with no file and no retag.
+    pub(crate) fn new(row: &ManifestRow, kind: Kind, reason: &str, detail: String) -> Entry {
+        Entry {
+            row: row.row,
+            segment_id: row.segment_id.clone(),
+            shard_id: row.shard_id.clone(),
+            kind,
+            reason: reason.to_owned(),
+            detail,
+            file: None,
+            retag: None,
+        }
+    }
 }
 
 /// CPU seconds spent in each stage, summed over worker threads.

@@ -1,0 +1,171 @@
+//! What a compile is asked to do: the input, the output, and the options that change what the
+//! corpus holds (and the few that do not: threads, chunk size, report path).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::CompileError;
+use crate::tokenize::LangPrefix;
+
+/// What to compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A training-ready manifest (parquet).
+    Manifest(PathBuf),
+    /// A directory of raw shards (`metadata.parquet` + `audio_index.parquet` each).
+    Shards(PathBuf),
+}
+
+impl Input {
+    pub(super) fn path(&self) -> &Path {
+        match self {
+            Input::Manifest(p) | Input::Shards(p) => p,
+        }
+    }
+}
+
+/// Everything `compile` needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The input.
+    pub input: Input,
+    /// The corpus to write.
+    pub output: PathBuf,
+    /// SentencePiece model.
+    pub tokenizer: PathBuf,
+    /// Base directory for relative audio paths (default: the manifest's directory).
+    pub audio_root: Option<PathBuf>,
+    /// When the `<|lang|>` prefix is tokenized.
+    pub lang_prefix: LangPrefix,
+    /// Token sequences are cut at this length.
+    pub max_tokens: usize,
+    /// Rows whose claimed duration is below this are dropped (`filtered_duration`).
+    pub min_duration: Option<f64>,
+    /// Rows whose claimed duration is above this are dropped (`filtered_duration`).
+    pub max_duration: Option<f64>,
+    /// Rows whose quality score is below this are dropped (`filtered_quality`; shards only).
+    pub min_quality: Option<f64>,
+    /// A claimed duration further than this from the decoded one is flagged.
+    pub duration_tolerance: f64,
+    /// Whether transcripts may change a row's language.
+    pub retag: bool,
+    /// Rows per chunk.
+    pub chunk_rows: usize,
+    /// Worker threads.
+    pub jobs: usize,
+    /// Where the JSON-lines report goes.
+    pub entries_path: PathBuf,
+    /// Source name given to every row of a shard input.
+    pub shard_source: String,
+}
+
+impl Options {
+    /// Defaults for everything but the paths.
+    pub fn new(input: Input, output: PathBuf, tokenizer: PathBuf) -> Options {
+        let entries_path = report_paths(&output).1;
+        let shard_source = input
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "shards".into());
+        Options {
+            input,
+            output,
+            tokenizer,
+            audio_root: None,
+            lang_prefix: LangPrefix::Auto,
+            max_tokens: 512,
+            min_duration: None,
+            max_duration: None,
+            min_quality: None,
+            duration_tolerance: 0.2,
+            retag: true,
+            chunk_rows: 256,
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            entries_path,
+            shard_source,
+        }
+    }
+
+    /// Rejects option values no compile can run with.
+    pub(super) fn check(&self) -> Result<(), CompileError> {
+        if self.jobs == 0 {
+            return Err(CompileError::Options("--jobs must be at least 1".into()));
+        }
+        if self.max_tokens == 0 {
+            return Err(CompileError::Options("--max-tokens must be at least 1".into()));
+        }
+        if matches!(self.input, Input::Manifest(_)) && self.min_quality.is_some() {
+            return Err(CompileError::Options(
+                "--min-quality needs --shards input: a training-ready manifest has no quality \
+                 column"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The directory relative audio paths resolve against: `--audio-root`, else the manifest's
+    /// directory, or the shard root.
+    pub(super) fn audio_base(&self) -> PathBuf {
+        if let Some(root) = &self.audio_root {
+            return root.clone();
+        }
+        match &self.input {
+            Input::Manifest(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+            Input::Shards(p) => p.clone(),
+        }
+    }
+
+    /// The parameters stored in the corpus's metadata: only what changes its content, so that
+    /// the same input gives the same bytes whatever the thread count.
+    pub(super) fn corpus_params(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        struct Params<'a> {
+            tool: &'a str,
+            version: &'a str,
+            input_kind: &'a str,
+            input: String,
+            tokenizer: String,
+            lang_prefix: LangPrefix,
+            max_tokens: usize,
+            min_duration: Option<f64>,
+            max_duration: Option<f64>,
+            min_quality: Option<f64>,
+            retag: bool,
+            resampler: &'a str,
+        }
+        let name =
+            |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let p = Params {
+            tool: "asrc",
+            version: env!("CARGO_PKG_VERSION"),
+            input_kind: match self.input {
+                Input::Manifest(_) => "manifest",
+                Input::Shards(_) => "shards",
+            },
+            input: name(self.input.path()),
+            tokenizer: name(&self.tokenizer),
+            lang_prefix: self.lang_prefix,
+            max_tokens: self.max_tokens,
+            min_duration: self.min_duration,
+            max_duration: self.max_duration,
+            min_quality: self.min_quality,
+            retag: self.retag,
+            resampler: "rubato FFT (band-limited), to 16 kHz",
+        };
+        serde_json::to_value(p).unwrap_or_else(|_| serde_json::Value::Object(Default::default()))
+    }
+}
+
+/// The default report paths next to a corpus: `<corpus>.report.json` and
+/// `<corpus>.report.jsonl`.
+pub fn report_paths(output: &Path) -> (PathBuf, PathBuf) {
+    let with = |suffix: &str| {
+        let mut s = output.as_os_str().to_owned();
+        s.push(suffix);
+        PathBuf::from(s)
+    };
+    (with(".report.json"), with(".report.jsonl"))
+}

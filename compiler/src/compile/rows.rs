@@ -1,0 +1,187 @@
+//! Stage 1, the rows policy (one thread, input order): null checks, row and segment-id
+//! deduplication, the duration and quality filters, text cleaning, language normalisation and
+//! retagging. Each row comes out either ready for its audio or dropped with its report entry.
+
+use std::path::PathBuf;
+
+use crate::dedup::Deduper;
+use crate::lang;
+use crate::manifest::ManifestRow;
+use crate::text;
+
+use super::report::{Entry, Kind, Retag};
+use super::Options;
+
+/// A row that passed stage 1: what stages 2 and 3 need.
+pub(super) struct Ready {
+    /// The input row.
+    pub(super) row: ManifestRow,
+    /// Its (non-empty) segment id.
+    pub(super) segment_id: String,
+    /// The cleaned transcript.
+    pub(super) text: String,
+    /// The final language code.
+    pub(super) language: String,
+    /// The audio file.
+    pub(super) audio: PathBuf,
+}
+
+/// A row stage 1 keeps, with the entries the report lists for it (flags, then the retag).
+pub(super) struct Kept {
+    /// The row.
+    pub(super) ready: Ready,
+    /// Its flagged and retagged entries, in the order the report lists them.
+    pub(super) notes: Vec<Entry>,
+}
+
+/// The hours a row claims, under its normalised label (for the report's "hours in"), whatever
+/// becomes of the row.
+pub(super) fn claimed_hours(row: &ManifestRow) -> Option<(String, f64)> {
+    let label = lang::normalize(row.lang.as_deref()?);
+    let d = row.duration?;
+    (d.is_finite() && d > 0.0).then(|| (label.code, d / 3600.0))
+}
+
+/// Stage 1's policy and state: the options it applies and the rows and ids seen so far.
+pub(super) struct Rows<'a> {
+    opts: &'a Options,
+    audio_base: PathBuf,
+    /// Rows and segment ids seen (the audio table of this deduper stays empty).
+    dedup: Deduper,
+}
+
+impl Rows<'_> {
+    /// A policy applying `opts`, resolving relative audio paths against `audio_base`.
+    pub(super) fn new(opts: &Options, audio_base: PathBuf) -> Rows<'_> {
+        Rows { opts, audio_base, dedup: Deduper::new() }
+    }
+
+    /// Stage 1 for one row, in input order: the row ready for its audio, or its drop entry.
+    pub(super) fn prepare(&mut self, row: ManifestRow) -> Result<Kept, Box<Entry>> {
+        let drop = |row: &ManifestRow, reason: &str, detail: String| {
+            Box::new(Entry::new(row, Kind::Dropped, reason, detail))
+        };
+        let Some(segment_id) = row.segment_id.clone().filter(|s| !s.is_empty()) else {
+            return Err(drop(&row, "null_segment_id", "segment_id is null or empty".into()));
+        };
+        let fields = row.fields();
+        let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
+        if let Some(dup) = self.dedup.check_row(row.row, &segment_id, &field_refs) {
+            return Err(drop(&row, dup.reason(), dup.detail()));
+        }
+        if let Some(e) = self.filter(&row) {
+            return Err(Box::new(e));
+        }
+        let Some(raw_text) = row.text.as_deref() else {
+            return Err(drop(&row, "null_text", "text is null".into()));
+        };
+        let (tag, body) = text::strip_language_tag(raw_text);
+        let cleaned = text::clean(body);
+        if cleaned.is_empty() {
+            let detail = format!("nothing left after cleaning {raw_text:?}");
+            return Err(drop(&row, "empty_text", detail));
+        }
+        // The label: the lang column, else the text's tag.
+        let label = row.lang.as_deref().or(tag).map(lang::normalize);
+        let label_code = label.as_ref().map(|l| l.code.clone()).unwrap_or_default();
+        let mut flags = Vec::new();
+        if let Some(l) = &label {
+            if !l.known {
+                flags.push((
+                    "unknown_language",
+                    format!("label {:?} is not a known language", l.code),
+                ));
+            }
+        }
+        if let (Some(t), Some(l)) = (tag, &label) {
+            let t = lang::normalize(t).code;
+            if t != l.code {
+                flags.push(("tag_mismatch", format!("text tag <|{t}|> but lang {:?}", l.code)));
+            }
+        }
+        let decision = if self.opts.retag {
+            lang::decide(&label_code, &cleaned)
+        } else {
+            lang::Decision {
+                language: label_code.clone(),
+                retagged: false,
+                method: None,
+                confidence: 1.0,
+                script: None,
+            }
+        };
+        if decision.language.is_empty() {
+            let detail = "no language label and no script that decides one".into();
+            return Err(drop(&row, "no_language", detail));
+        }
+        let Some(audio) = row.audio_path(&self.audio_base) else {
+            return Err(if row.audio_dir.is_some() {
+                drop(
+                    &row,
+                    "no_audio_index",
+                    "the shard's audio_index.parquet has no row for this segment".into(),
+                )
+            } else {
+                drop(&row, "missing_file", "tar_member_name is null or empty".into())
+            });
+        };
+        let mut notes: Vec<Entry> = flags
+            .into_iter()
+            .map(|(reason, detail)| Entry::new(&row, Kind::Flagged, reason, detail))
+            .collect();
+        if decision.retagged {
+            let method = decision.method.map_or("", lang::Method::name).to_owned();
+            let mut e = Entry::new(
+                &row,
+                Kind::Retagged,
+                "retagged",
+                format!(
+                    "{:?} -> {:?} by {method} (confidence {:.3})",
+                    label_code, decision.language, decision.confidence
+                ),
+            );
+            e.retag = Some(Retag {
+                from: label_code,
+                to: decision.language.clone(),
+                method,
+                confidence: decision.confidence,
+            });
+            notes.push(e);
+        }
+        let ready = Ready { segment_id, text: cleaned, language: decision.language, audio, row };
+        Ok(Kept { ready, notes })
+    }
+
+    /// The duration and quality filters.
+    fn filter(&self, row: &ManifestRow) -> Option<Entry> {
+        let o = self.opts;
+        let drop = |detail| Some(Entry::new(row, Kind::Dropped, "filtered_duration", detail));
+        if o.min_duration.is_some() || o.max_duration.is_some() {
+            let Some(d) = row.duration else {
+                return drop("duration is null".into());
+            };
+            let (lo, hi) = (
+                o.min_duration.unwrap_or(f64::NEG_INFINITY),
+                o.max_duration.unwrap_or(f64::INFINITY),
+            );
+            // NaN fails both comparisons and is filtered too.
+            if !(d >= lo && d <= hi) {
+                return drop(format!("duration {d} s outside [{lo}, {hi}]"));
+            }
+        }
+        if let Some(min) = o.min_quality {
+            match row.quality {
+                Some(q) if q >= min => {}
+                q => {
+                    return Some(Entry::new(
+                        row,
+                        Kind::Dropped,
+                        "filtered_quality",
+                        format!("quality score {q:?} below {min}"),
+                    ))
+                }
+            }
+        }
+        None
+    }
+}
