@@ -106,6 +106,17 @@ mod tests {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
     }
+
+    #[test]
+    fn compile_help_lists_every_reason() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        let help = cli.find_subcommand("compile").unwrap().get_after_help().unwrap().to_string();
+        for r in crate::reason::Reason::ALL {
+            let listed = r.kind() == crate::reason::Kind::Retagged || help.contains(r.name());
+            assert!(listed, "{} missing from asrc compile --help", r.name());
+        }
+    }
 }
 
 /// Arguments of `asrc compile`.

@@ -9,11 +9,10 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use crate::reason::Reason;
 
 /// Why a row is a duplicate, and of what.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Duplicate {
     /// Every field equals an earlier row's.
     DuplicateRow {
@@ -49,11 +48,11 @@ impl Duplicate {
     }
 
     /// The reason's name, as the report counts it.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Duplicate::DuplicateRow { .. } => "duplicate_row",
-            Duplicate::ReusedSegmentId { .. } => "reused_segment_id",
-            Duplicate::DuplicateAudio { .. } => "duplicate_audio",
+            Duplicate::DuplicateRow { .. } => Reason::DuplicateRow,
+            Duplicate::ReusedSegmentId { .. } => Reason::ReusedSegmentId,
+            Duplicate::DuplicateAudio { .. } => Reason::DuplicateAudio,
         }
     }
 }
@@ -140,6 +139,6 @@ mod tests {
             d.check_audio("x", 42, 100),
             Some(Duplicate::DuplicateAudio { first_segment_id: "a".into() })
         );
-        assert_eq!(Duplicate::DuplicateRow { first_row: 0 }.reason(), "duplicate_row");
+        assert_eq!(Duplicate::DuplicateRow { first_row: 0 }.reason(), Reason::DuplicateRow);
     }
 }

@@ -154,6 +154,19 @@ pub enum Method {
     ScriptLetters,
 }
 
+impl Ord for Method {
+    /// By name, as reports list their counts.
+    fn cmp(&self, other: &Method) -> std::cmp::Ordering {
+        self.name().cmp(other.name())
+    }
+}
+
+impl PartialOrd for Method {
+    fn partial_cmp(&self, other: &Method) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl Method {
     /// The method's name, as reports write it.
     pub fn name(self) -> &'static str {

@@ -10,6 +10,7 @@ pub mod dedup;
 pub mod lang;
 pub mod manifest;
 pub mod output;
+pub mod reason;
 pub mod shards;
 pub mod text;
 pub mod tokenize;

@@ -9,7 +9,6 @@
 use std::io::Cursor;
 use std::path::Path;
 
-use serde::Serialize;
 use symphonia::core::audio::sample::Sample as _;
 use symphonia::core::codecs::audio::AudioDecoderOptions;
 use symphonia::core::errors::Error;
@@ -18,9 +17,10 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
+use crate::reason::Reason;
+
 /// Why an audio file was rejected.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "reason", content = "detail", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reject {
     /// The file does not exist or cannot be read.
     MissingFile(String),
@@ -50,14 +50,14 @@ impl Reject {
     }
 
     /// The reason's name, as the report counts it.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Reject::MissingFile(_) => "missing_file",
-            Reject::NotFlac(_) => "not_flac",
-            Reject::CorruptFlac(_) => "corrupt_flac",
-            Reject::TruncatedFlac(_) => "truncated_flac",
-            Reject::NoSamples(_) => "no_samples",
-            Reject::Unsupported(_) => "unsupported_audio",
+            Reject::MissingFile(_) => Reason::MissingFile,
+            Reject::NotFlac(_) => Reason::NotFlac,
+            Reject::CorruptFlac(_) => Reason::CorruptFlac,
+            Reject::TruncatedFlac(_) => Reason::TruncatedFlac,
+            Reject::NoSamples(_) => Reason::NoSamples,
+            Reject::Unsupported(_) => Reason::UnsupportedAudio,
         }
     }
 }

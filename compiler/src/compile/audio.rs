@@ -11,7 +11,7 @@ use crate::audio::decode::{decode_file, to_i16, Reject};
 use crate::audio::resample::Resampler;
 use crate::tokenize::{LangPrefix, Tokenizer};
 
-use super::report::{Entry, Kind};
+use super::report::{Entry, Reason};
 use super::rows::Ready;
 
 /// Stage 2's result for a row.
@@ -67,8 +67,8 @@ impl AudioStage<'_> {
     }
 
     fn process(&self, ready: &Ready, timings: &mut Timings) -> Result<Audio, Box<Entry>> {
-        let reject = |reason: &str, detail: String| {
-            let mut e = Entry::new(&ready.row, Kind::Dropped, reason, detail);
+        let reject = |reason: Reason, detail: String| {
+            let mut e = Entry::new(&ready.row, reason, detail);
             e.file = Some(ready.audio.clone());
             Box::new(e)
         };
@@ -80,13 +80,16 @@ impl AudioStage<'_> {
         let source_seconds = decoded.samples.len() as f64 / f64::from(decoded.rate.max(1));
         let resampled = RESAMPLER
             .with(|r| r.borrow_mut().to_target(&decoded.samples, decoded.rate))
-            .map_err(|e| reject("unsupported_audio", e.to_string()))?;
+            .map_err(|e| reject(Reason::UnsupportedAudio, e.to_string()))?;
         drop(decoded);
         let pcm = to_i16(&resampled);
         drop(resampled);
         timings.resample += t.elapsed();
         if pcm.is_empty() {
-            return Err(reject("no_samples", "no samples left after resampling to 16 kHz".into()));
+            return Err(reject(
+                Reason::NoSamples,
+                "no samples left after resampling to 16 kHz".into(),
+            ));
         }
         let t = Instant::now();
         let hash = asr_corpus::audio_hash(&pcm);
@@ -95,7 +98,7 @@ impl AudioStage<'_> {
         let encoded = self
             .tokenizer
             .encode(&ready.language, &ready.text, self.prefix, self.max_tokens)
-            .map_err(|e| reject("tokenize_error", e.to_string()))?;
+            .map_err(|e| reject(Reason::TokenizeError, e.to_string()))?;
         timings.tokenize += t.elapsed();
         Ok(Audio { pcm, hash, source_seconds, tokens: encoded.ids, truncated: encoded.truncated })
     }

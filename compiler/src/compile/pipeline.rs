@@ -12,7 +12,7 @@ use crate::dedup::Deduper;
 use crate::tokenize::Tokenizer;
 
 use super::audio::{Audio, AudioStage, Outcome};
-use super::report::{Entry, EntryWriter, Kind, StageSeconds, Summary};
+use super::report::{Entry, EntryWriter, Reason, StageSeconds, Summary};
 use super::rows::{claimed_hours, Ready, Rows};
 use super::source::Source;
 use super::{CompileError, Options};
@@ -105,7 +105,7 @@ impl Writer<'_> {
         };
         self.summary.decoded_hours += audio.source_seconds / 3600.0;
         if let Some(dup) = self.dedup.check_audio(&ready.segment_id, audio.hash, audio.pcm.len()) {
-            self.record(Entry::new(&ready.row, Kind::Dropped, dup.reason(), dup.detail()));
+            self.record(Entry::new(&ready.row, dup.reason(), dup.detail()));
             return Ok(());
         }
         let source = ready.row.source.as_deref().unwrap_or("");
@@ -122,7 +122,7 @@ impl Writer<'_> {
         match pushed {
             Ok(()) => {}
             Err(WriteError::InvalidUtterance { message, .. }) => {
-                let mut e = Entry::new(&ready.row, Kind::Dropped, "unstorable", message);
+                let mut e = Entry::new(&ready.row, Reason::Unstorable, message);
                 e.file = Some(ready.audio.clone());
                 self.record(e);
                 return Ok(());
@@ -136,8 +136,7 @@ impl Writer<'_> {
             self.summary.truncated += 1;
             self.record(Entry::new(
                 &ready.row,
-                Kind::Flagged,
-                "truncated_tokens",
+                Reason::TruncatedTokens,
                 format!("token sequence cut at {}", self.opts.max_tokens),
             ));
         }
@@ -145,8 +144,7 @@ impl Writer<'_> {
             if (claimed - audio.source_seconds).abs() > self.opts.duration_tolerance {
                 let mut e = Entry::new(
                     &ready.row,
-                    Kind::Flagged,
-                    "duration_mismatch",
+                    Reason::DurationMismatch,
                     format!(
                         "manifest says {claimed:.3} s, the audio decodes to {:.3} s (stored)",
                         audio.source_seconds

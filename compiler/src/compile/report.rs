@@ -7,19 +7,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::lang::Method;
 use crate::manifest::ManifestRow;
-
-/// What happened to a row that the report lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// Not in the corpus.
-    Dropped,
-    /// In the corpus under another language than its label.
-    Retagged,
-    /// In the corpus, with something worth a look.
-    Flagged,
-}
+pub use crate::reason::{Kind, Reason};
 
 /// A language change, as recorded for a retagged row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -28,8 +18,8 @@ pub struct Retag {
     pub from: String,
     /// Language the row got.
     pub to: String,
-    /// `script`, `lid` or `script_letters`.
-    pub method: String,
+    /// How the language was decided.
+    pub method: Method,
     /// Confidence of the evidence in [0, 1].
     pub confidence: f64,
 }
@@ -45,8 +35,8 @@ pub struct Entry {
     pub shard_id: Option<String>,
     /// Dropped, retagged or flagged.
     pub kind: Kind,
-    /// Machine-readable reason (README.md "Compile report" lists them).
-    pub reason: String,
+    /// Machine-readable reason (README.md's reason table lists them).
+    pub reason: Reason,
     /// Human-readable detail.
     pub detail: String,
     /// The audio file, where one is involved.
@@ -58,14 +48,14 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// An entry for `row`, with no file and no retag.
-    pub(crate) fn new(row: &ManifestRow, kind: Kind, reason: &str, detail: String) -> Entry {
+    /// An entry for `row`, of the reason's kind, with no file and no retag.
+    pub(crate) fn new(row: &ManifestRow, reason: Reason, detail: String) -> Entry {
         Entry {
             row: row.row,
             segment_id: row.segment_id.clone(),
             shard_id: row.shard_id.clone(),
-            kind,
-            reason: reason.to_owned(),
+            kind: reason.kind(),
+            reason,
             detail,
             file: None,
             retag: None,
@@ -106,15 +96,15 @@ pub struct Summary {
     /// Rows not in the corpus.
     pub dropped: u64,
     /// Dropped rows per reason.
-    pub dropped_by_reason: BTreeMap<String, u64>,
+    pub dropped_by_reason: BTreeMap<Reason, u64>,
     /// Kept rows with a flag, per reason.
-    pub flagged_by_reason: BTreeMap<String, u64>,
+    pub flagged_by_reason: BTreeMap<Reason, u64>,
     /// Kept rows whose language differs from their label.
     pub retagged: u64,
     /// Retags per `from->to` pair.
     pub retags: BTreeMap<String, u64>,
     /// Retags per method.
-    pub retags_by_method: BTreeMap<String, u64>,
+    pub retags_by_method: BTreeMap<Method, u64>,
     /// Token sequences cut at the limit.
     pub truncated: u64,
     /// Hours per (normalised) label over every row read, as the input's durations claim.
@@ -154,16 +144,16 @@ impl Summary {
         match e.kind {
             Kind::Dropped => {
                 self.dropped += 1;
-                *self.dropped_by_reason.entry(e.reason.clone()).or_default() += 1;
+                *self.dropped_by_reason.entry(e.reason).or_default() += 1;
             }
             Kind::Flagged => {
-                *self.flagged_by_reason.entry(e.reason.clone()).or_default() += 1;
+                *self.flagged_by_reason.entry(e.reason).or_default() += 1;
             }
             Kind::Retagged => {
                 self.retagged += 1;
                 if let Some(r) = &e.retag {
                     *self.retags.entry(format!("{}->{}", r.from, r.to)).or_default() += 1;
-                    *self.retags_by_method.entry(r.method.clone()).or_default() += 1;
+                    *self.retags_by_method.entry(r.method).or_default() += 1;
                 }
             }
         }

@@ -9,7 +9,7 @@ use crate::lang;
 use crate::manifest::ManifestRow;
 use crate::text;
 
-use super::report::{Entry, Kind, Retag};
+use super::report::{Entry, Reason, Retag};
 use super::Options;
 
 /// A row that passed stage 1: what stages 2 and 3 need.
@@ -58,11 +58,11 @@ impl Rows<'_> {
 
     /// Stage 1 for one row, in input order: the row ready for its audio, or its drop entry.
     pub(super) fn prepare(&mut self, row: ManifestRow) -> Result<Kept, Box<Entry>> {
-        let drop = |row: &ManifestRow, reason: &str, detail: String| {
-            Box::new(Entry::new(row, Kind::Dropped, reason, detail))
+        let drop = |row: &ManifestRow, reason: Reason, detail: String| {
+            Box::new(Entry::new(row, reason, detail))
         };
         let Some(segment_id) = row.segment_id.clone().filter(|s| !s.is_empty()) else {
-            return Err(drop(&row, "null_segment_id", "segment_id is null or empty".into()));
+            return Err(drop(&row, Reason::NullSegmentId, "segment_id is null or empty".into()));
         };
         let fields = row.fields();
         let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
@@ -73,13 +73,13 @@ impl Rows<'_> {
             return Err(Box::new(e));
         }
         let Some(raw_text) = row.text.as_deref() else {
-            return Err(drop(&row, "null_text", "text is null".into()));
+            return Err(drop(&row, Reason::NullText, "text is null".into()));
         };
         let (tag, body) = text::strip_language_tag(raw_text);
         let cleaned = text::clean(body);
         if cleaned.is_empty() {
             let detail = format!("nothing left after cleaning {raw_text:?}");
-            return Err(drop(&row, "empty_text", detail));
+            return Err(drop(&row, Reason::EmptyText, detail));
         }
         // The label: the lang column, else the text's tag.
         let label = row.lang.as_deref().or(tag).map(lang::normalize);
@@ -88,7 +88,7 @@ impl Rows<'_> {
         if let Some(l) = &label {
             if !l.known {
                 flags.push((
-                    "unknown_language",
+                    Reason::UnknownLanguage,
                     format!("label {:?} is not a known language", l.code),
                 ));
             }
@@ -96,7 +96,8 @@ impl Rows<'_> {
         if let (Some(t), Some(l)) = (tag, &label) {
             let t = lang::normalize(t).code;
             if t != l.code {
-                flags.push(("tag_mismatch", format!("text tag <|{t}|> but lang {:?}", l.code)));
+                flags
+                    .push((Reason::TagMismatch, format!("text tag <|{t}|> but lang {:?}", l.code)));
             }
         }
         let decision = if self.opts.retag {
@@ -112,32 +113,32 @@ impl Rows<'_> {
         };
         if decision.language.is_empty() {
             let detail = "no language label and no script that decides one".into();
-            return Err(drop(&row, "no_language", detail));
+            return Err(drop(&row, Reason::NoLanguage, detail));
         }
         let Some(audio) = row.audio_path(&self.audio_base) else {
             return Err(if row.audio_dir.is_some() {
                 drop(
                     &row,
-                    "no_audio_index",
+                    Reason::NoAudioIndex,
                     "the shard's audio_index.parquet has no row for this segment".into(),
                 )
             } else {
-                drop(&row, "missing_file", "tar_member_name is null or empty".into())
+                drop(&row, Reason::MissingFile, "tar_member_name is null or empty".into())
             });
         };
-        let mut notes: Vec<Entry> = flags
-            .into_iter()
-            .map(|(reason, detail)| Entry::new(&row, Kind::Flagged, reason, detail))
-            .collect();
-        if decision.retagged {
-            let method = decision.method.map_or("", lang::Method::name).to_owned();
+        let mut notes: Vec<Entry> =
+            flags.into_iter().map(|(reason, detail)| Entry::new(&row, reason, detail)).collect();
+        // `decide` names its method whenever it changes the label.
+        if let Some(method) = decision.method.filter(|_| decision.retagged) {
             let mut e = Entry::new(
                 &row,
-                Kind::Retagged,
-                "retagged",
+                Reason::Retagged,
                 format!(
-                    "{:?} -> {:?} by {method} (confidence {:.3})",
-                    label_code, decision.language, decision.confidence
+                    "{:?} -> {:?} by {} (confidence {:.3})",
+                    label_code,
+                    decision.language,
+                    method.name(),
+                    decision.confidence
                 ),
             );
             e.retag = Some(Retag {
@@ -155,7 +156,7 @@ impl Rows<'_> {
     /// The duration and quality filters.
     fn filter(&self, row: &ManifestRow) -> Option<Entry> {
         let o = self.opts;
-        let drop = |detail| Some(Entry::new(row, Kind::Dropped, "filtered_duration", detail));
+        let drop = |detail| Some(Entry::new(row, Reason::FilteredDuration, detail));
         if o.min_duration.is_some() || o.max_duration.is_some() {
             let Some(d) = row.duration else {
                 return drop("duration is null".into());
@@ -175,8 +176,7 @@ impl Rows<'_> {
                 q => {
                     return Some(Entry::new(
                         row,
-                        Kind::Dropped,
-                        "filtered_quality",
+                        Reason::FilteredQuality,
                         format!("quality score {q:?} below {min}"),
                     ))
                 }
