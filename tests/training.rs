@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use asr_compiler::compile::{compile, Input, Options};
+use asr_compiler::{compile, CompileOptions as Options, Input};
 use asr_corpus::Corpus;
 use asr_trainer::checkpoint::{cpu_parameters, latest, load_state};
 use asr_trainer::evaluate_checkpoint_cpu;

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueHint};
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Subcommands.

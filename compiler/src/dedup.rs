@@ -15,7 +15,7 @@ use crate::reason::Reason;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Duplicate {
     /// Every field equals an earlier row's.
-    DuplicateRow {
+    Row {
         /// Manifest row of the first occurrence.
         first_row: u64,
     },
@@ -25,7 +25,7 @@ pub enum Duplicate {
         first_row: u64,
     },
     /// The decoded audio equals an earlier kept row's.
-    DuplicateAudio {
+    Audio {
         /// Segment id of the first occurrence.
         first_segment_id: String,
     },
@@ -35,13 +35,13 @@ impl Duplicate {
     /// What it duplicates, for the report.
     pub fn detail(&self) -> String {
         match self {
-            Duplicate::DuplicateRow { first_row } => {
+            Duplicate::Row { first_row } => {
                 format!("every field equals row {first_row}'s")
             }
             Duplicate::ReusedSegmentId { first_row } => {
                 format!("segment id already used by row {first_row} with other content")
             }
-            Duplicate::DuplicateAudio { first_segment_id } => {
+            Duplicate::Audio { first_segment_id } => {
                 format!("decoded audio identical to segment {first_segment_id:?}'s")
             }
         }
@@ -50,9 +50,9 @@ impl Duplicate {
     /// The reason's name, as the report counts it.
     pub fn reason(&self) -> Reason {
         match self {
-            Duplicate::DuplicateRow { .. } => Reason::DuplicateRow,
+            Duplicate::Row { .. } => Reason::DuplicateRow,
             Duplicate::ReusedSegmentId { .. } => Reason::ReusedSegmentId,
-            Duplicate::DuplicateAudio { .. } => Reason::DuplicateAudio,
+            Duplicate::Audio { .. } => Reason::DuplicateAudio,
         }
     }
 }
@@ -84,7 +84,7 @@ impl Deduper {
         // collision between different rows (the id is one of the fields), which is kept.
         if let Some(&first) = self.rows.get(&key) {
             if self.ids.get(segment_id).is_some_and(|&(_, k)| k == key) {
-                return Some(Duplicate::DuplicateRow { first_row: first });
+                return Some(Duplicate::Row { first_row: first });
             }
         }
         if let Some(&(first, _)) = self.ids.get(segment_id) {
@@ -104,7 +104,7 @@ impl Deduper {
         samples: usize,
     ) -> Option<Duplicate> {
         match self.audio.get(&(audio_hash, samples)) {
-            Some(first) => Some(Duplicate::DuplicateAudio { first_segment_id: first.clone() }),
+            Some(first) => Some(Duplicate::Audio { first_segment_id: first.clone() }),
             None => {
                 self.audio.insert((audio_hash, samples), segment_id.to_owned());
                 None
@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(d.check_row(1, "b", &["b", "hello", "hi"]), None);
         assert_eq!(
             d.check_row(2, "a", &["a", "hello", "hi"]),
-            Some(Duplicate::DuplicateRow { first_row: 0 })
+            Some(Duplicate::Row { first_row: 0 })
         );
         assert_eq!(
             d.check_row(3, "a", &["a", "other", "hi"]),
@@ -137,8 +137,8 @@ mod tests {
         assert_eq!(d.check_audio("b", 42, 101), None, "same hash, other length");
         assert_eq!(
             d.check_audio("x", 42, 100),
-            Some(Duplicate::DuplicateAudio { first_segment_id: "a".into() })
+            Some(Duplicate::Audio { first_segment_id: "a".into() })
         );
-        assert_eq!(Duplicate::DuplicateRow { first_row: 0 }.reason(), Reason::DuplicateRow);
+        assert_eq!(Duplicate::Row { first_row: 0 }.reason(), Reason::DuplicateRow);
     }
 }

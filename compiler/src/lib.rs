@@ -1,16 +1,53 @@
 //! `asrc`: compiles an ASR training manifest into one memory-mappable corpus file, and
-//! validates corpora. The binary in `main.rs` is a thin shell over the commands here.
+//! validates corpora. The binary in `main.rs` is a thin shell over [`run`].
+//!
+//! The library's surface:
+//!
+//! - the command line: [`Cli`] and [`run`];
+//! - compiling: [`compile`] with its [`CompileOptions`], returning the report's [`Summary`];
+//! - the stages' building blocks, each tested on its own: transcript cleaning, language labels,
+//!   the manifest reader, FLAC decoding, resampling, tokenization.
 #![forbid(unsafe_code)]
 
-pub mod audio;
-pub mod cli;
-pub mod commands;
-pub mod compile;
-pub mod dedup;
-pub mod lang;
-pub mod manifest;
-pub mod output;
-pub mod reason;
-pub mod shards;
-pub mod text;
-pub mod tokenize;
+mod audio;
+mod cli;
+mod commands;
+mod compile;
+mod dedup;
+mod lang;
+mod manifest;
+mod output;
+mod reason;
+mod shards;
+mod text;
+mod tokenize;
+
+// The command line: parse a [`Cli`] (with `clap::Parser`) and [`run`] it.
+pub use cli::Cli;
+pub use commands::run;
+
+// Compiling a manifest or raw shards into a corpus, and its report.
+pub use compile::report::{StageSeconds, Summary};
+pub use compile::{compile, report_paths, CompileError, CompileOptions, Input, Progress};
+pub use reason::{Kind, Reason};
+
+// Transcript cleaning and `<|lang|>` tags.
+pub use text::{clean as clean_transcript, strip_language_tag, with_language_tag};
+
+// Language codes, scripts and retagging decisions.
+pub use lang::{
+    decide as decide_language, dominant_script, normalize as normalize_language,
+    Code as LanguageCode, Decision, Method, Script,
+};
+
+// The training-ready manifest, read in chunks of rows.
+pub use manifest::{ManifestError, ManifestReader, ManifestRow};
+
+// FLAC decoding and downmix, conversion to 16-bit.
+pub use audio::decode::{decode, decode_file, to_i16, Decoded, Reject};
+
+// Resampling to the corpus rate.
+pub use audio::resample::{ResampleError, Resampler, TARGET_RATE};
+
+// SentencePiece tokenization and the `<|lang|>` prefix policy.
+pub use tokenize::{Encoded, LangPrefix, TokenizeError, Tokenizer};

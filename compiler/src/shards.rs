@@ -163,11 +163,6 @@ impl ShardsReader {
         })
     }
 
-    /// Number of shards found.
-    pub fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
     fn open_next_shard(&mut self) -> Result<bool, ManifestError> {
         let Some(shard) = self.shards.get(self.next_shard).cloned() else {
             return Ok(false);

@@ -10,19 +10,19 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::CompileArgs;
 use crate::compile::report::Summary;
-use crate::compile::{compile, report_paths, Input, Options, Progress};
+use crate::compile::{compile, report_paths, CompileOptions, Input, Progress};
 use crate::output::print;
 
 /// Exit status when more rows than `--max-reject-fraction` allows were dropped.
 pub const EXIT_TOO_MANY_REJECTS: u8 = 1;
 
-fn options(args: &CompileArgs) -> anyhow::Result<Options> {
+fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
     let input = match (&args.manifest, &args.shards) {
         (Some(m), None) => Input::Manifest(m.clone()),
         (None, Some(s)) => Input::Shards(s.clone()),
         _ => anyhow::bail!("give either a MANIFEST or --shards DIR"),
     };
-    let mut o = Options::new(input, args.output.clone(), args.tokenizer.clone());
+    let mut o = CompileOptions::new(input, args.output.clone(), args.tokenizer.clone());
     if let Some(report) = &args.report {
         o.entries_path = report.with_extension("jsonl");
     }

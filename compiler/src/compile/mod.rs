@@ -31,7 +31,7 @@ use asr_corpus::WriteError;
 use crate::manifest::ManifestError;
 use crate::tokenize::TokenizeError;
 
-pub use options::{report_paths, Input, Options};
+pub use options::{report_paths, CompileOptions, Input};
 pub use pipeline::{compile, Progress};
 
 /// Why a compile stopped (a bad row never stops it).

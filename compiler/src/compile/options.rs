@@ -27,7 +27,7 @@ impl Input {
 
 /// Everything `compile` needs.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct CompileOptions {
     /// The input.
     pub input: Input,
     /// The corpus to write.
@@ -60,16 +60,16 @@ pub struct Options {
     pub shard_source: String,
 }
 
-impl Options {
+impl CompileOptions {
     /// Defaults for everything but the paths.
-    pub fn new(input: Input, output: PathBuf, tokenizer: PathBuf) -> Options {
+    pub fn new(input: Input, output: PathBuf, tokenizer: PathBuf) -> CompileOptions {
         let entries_path = report_paths(&output).1;
         let shard_source = input
             .path()
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "shards".into());
-        Options {
+        CompileOptions {
             input,
             output,
             tokenizer,

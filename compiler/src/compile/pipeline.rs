@@ -15,7 +15,7 @@ use super::audio::{Audio, AudioStage, Outcome};
 use super::report::{Entry, EntryWriter, Reason, StageSeconds, Summary};
 use super::rows::{claimed_hours, Ready, Rows};
 use super::source::Source;
-use super::{CompileError, Options};
+use super::{CompileError, CompileOptions};
 
 /// Progress after a chunk.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +38,7 @@ struct Processed {
 
 /// Stage 3's state, and the report.
 struct Writer<'a> {
-    opts: &'a Options,
+    opts: &'a CompileOptions,
     corpus: CorpusWriter,
     /// Decoded audio of the rows kept so far (the row and id tables stay empty).
     dedup: Deduper,
@@ -161,7 +161,7 @@ impl Writer<'_> {
 /// Compiles `opts.input` into `opts.output`; `progress` is called after every chunk. Returns
 /// the report's summary (the caller writes it); the JSON-lines file is written here.
 pub fn compile(
-    opts: &Options,
+    opts: &CompileOptions,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<Summary, CompileError> {
     let started = Instant::now();

@@ -10,7 +10,7 @@ use crate::manifest::ManifestRow;
 use crate::text;
 
 use super::report::{Entry, Reason, Retag};
-use super::Options;
+use super::CompileOptions;
 
 /// A row that passed stage 1: what stages 2 and 3 need.
 pub(super) struct Ready {
@@ -44,7 +44,7 @@ pub(super) fn claimed_hours(row: &ManifestRow) -> Option<(String, f64)> {
 
 /// Stage 1's policy and state: the options it applies and the rows and ids seen so far.
 pub(super) struct Rows<'a> {
-    opts: &'a Options,
+    opts: &'a CompileOptions,
     audio_base: PathBuf,
     /// Rows and segment ids seen (the audio table of this deduper stays empty).
     dedup: Deduper,
@@ -52,7 +52,7 @@ pub(super) struct Rows<'a> {
 
 impl Rows<'_> {
     /// A policy applying `opts`, resolving relative audio paths against `audio_base`.
-    pub(super) fn new(opts: &Options, audio_base: PathBuf) -> Rows<'_> {
+    pub(super) fn new(opts: &CompileOptions, audio_base: PathBuf) -> Rows<'_> {
         Rows { opts, audio_base, dedup: Deduper::new() }
     }
 

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use asr_compiler::audio::decode::{decode, decode_file, to_i16, Reject};
+use asr_compiler::{decode, decode_file, to_i16, Reject};
 use asr_corpus::synth::SplitMix64;
 
 use flacenc::component::BitRepr;

@@ -1,6 +1,8 @@
 //! Language normalisation and retagging rules, one table row per rule.
 
-use asr_compiler::lang::{decide, dominant_script, normalize, Method, Script};
+use asr_compiler::{
+    decide_language as decide, dominant_script, normalize_language as normalize, Method, Script,
+};
 
 #[test]
 fn codes_normalise_to_iso_639_1() {

@@ -8,7 +8,7 @@ use arrow::array::{
     ArrayRef, Float32Array, Float64Array, Int64Array, LargeStringArray, RecordBatch, StringArray,
 };
 use arrow::datatypes::{Field, Schema};
-use asr_compiler::manifest::{ManifestError, ManifestReader, ManifestRow};
+use asr_compiler::{ManifestError, ManifestReader, ManifestRow};
 use parquet::arrow::ArrowWriter;
 
 pub fn write(path: &Path, columns: Vec<(&str, ArrayRef)>) {

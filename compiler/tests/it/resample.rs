@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use asr_compiler::audio::resample::{Resampler, TARGET_RATE};
+use asr_compiler::{Resampler, TARGET_RATE};
 
 /// A sum of tones, evaluated exactly at time `t` seconds.
 fn tone_value(freqs: &[f64], t: f64) -> f64 {

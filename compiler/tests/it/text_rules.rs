@@ -1,6 +1,6 @@
 //! Transcript cleaning, one row per rule (README.md "Text cleaning").
 
-use asr_compiler::text::{clean, strip_language_tag, with_language_tag};
+use asr_compiler::{clean_transcript as clean, strip_language_tag, with_language_tag};
 
 #[test]
 fn each_cleaning_rule() {

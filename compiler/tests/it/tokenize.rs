@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use asr_compiler::tokenize::{LangPrefix, Tokenizer};
+use asr_compiler::{LangPrefix, Tokenizer};
 
 const SENTENCES: [&str; 8] = [
     "the quick brown fox jumps over the lazy dog",
