@@ -140,7 +140,9 @@ impl ShardsReader {
             let rel = dir.strip_prefix(root).unwrap_or(&dir);
             let mut id = rel.to_string_lossy().replace('\\', "/");
             if id.is_empty() {
-                id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                // The root is itself a shard: its name, or no shard id for a root without one
+                // (`--shards .`).
+                id = root.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
             }
             // The nearest directory, from the shard up to the root, named after a language.
             let path_language = dir

@@ -64,6 +64,8 @@ impl CompileOptions {
     /// Defaults for everything but the paths.
     pub fn new(input: Input, output: PathBuf, tokenizer: PathBuf) -> CompileOptions {
         let entries_path = report_paths(&output).1;
+        // The shard root's name; a root without one (`.`, `..`, `/`) gives its rows the source
+        // name "shards".
         let shard_source = input
             .path()
             .file_name()
@@ -106,18 +108,6 @@ impl CompileOptions {
         Ok(())
     }
 
-    /// The directory relative audio paths resolve against: `--audio-root`, else the manifest's
-    /// directory, or the shard root.
-    pub(super) fn audio_base(&self) -> PathBuf {
-        if let Some(root) = &self.audio_root {
-            return root.clone();
-        }
-        match &self.input {
-            Input::Manifest(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
-            Input::Shards(p) => p.clone(),
-        }
-    }
-
     /// The parameters stored in the corpus's metadata: only what changes its content, so that
     /// the same input gives the same bytes whatever the thread count.
     pub(super) fn corpus_params(&self) -> serde_json::Value {
@@ -136,8 +126,11 @@ impl CompileOptions {
             retag: bool,
             resampler: &'a str,
         }
-        let name =
-            |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Names only, no directories: the same input compiled from elsewhere gives the same
+        // bytes. A path without a final name (`--shards .`) is recorded as unnamed; the tokenizer
+        // was opened as a file, so it always has one.
+        const UNNAMED: &str = "";
+        let name = |p: &Path| p.file_name().map_or(UNNAMED.into(), |n| n.to_string_lossy().into());
         let p = Params {
             tool: "asrc",
             version: env!("CARGO_PKG_VERSION"),
@@ -155,7 +148,8 @@ impl CompileOptions {
             retag: self.retag,
             resampler: "rubato FFT (band-limited), to 16 kHz",
         };
-        serde_json::to_value(p).unwrap_or_else(|_| serde_json::Value::Object(Default::default()))
+        serde_json::to_value(p)
+            .expect("a struct of strings, numbers and options serializes to a JSON object")
     }
 }
 

@@ -108,6 +108,7 @@ impl Writer<'_> {
             self.record(Entry::new(&ready.row, dup.reason(), dup.detail()));
             return Ok(());
         }
+        // A null source is stored as the empty source name.
         let source = ready.row.source.as_deref().unwrap_or("");
         let t = Instant::now();
         let pushed = self.corpus.push(&UtteranceIn {
@@ -185,7 +186,8 @@ pub fn compile(
     let corpus = CorpusWriter::create(&opts.output, wopts)?;
     let entries = EntryWriter::create(&opts.entries_path)
         .map_err(|source| CompileError::Report { path: opts.entries_path.clone(), source })?;
-    let mut rows = Rows::new(opts, opts.audio_base());
+    let audio_base = opts.audio_root.as_deref().unwrap_or(source.default_audio_base());
+    let mut rows = Rows::new(opts, audio_base.to_path_buf());
     let stage2 =
         AudioStage { tokenizer: &tokenizer, prefix: opts.lang_prefix, max_tokens: opts.max_tokens };
     let mut w = Writer {

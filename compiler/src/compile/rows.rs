@@ -83,7 +83,12 @@ impl Rows<'_> {
         }
         // The label: the lang column, else the text's tag.
         let label = row.lang.as_deref().or(tag).map(lang::normalize);
-        let label_code = label.as_ref().map(|l| l.code.clone()).unwrap_or_default();
+        // No label is the empty code: `decide` may still find a language in the script, and a
+        // row that ends without one is dropped (`no_language`).
+        let label_code = match &label {
+            Some(l) => l.code.clone(),
+            None => String::new(),
+        };
         let mut flags = Vec::new();
         if let Some(l) = &label {
             if !l.known {

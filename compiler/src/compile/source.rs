@@ -1,5 +1,7 @@
 //! The input switch: a manifest or the raw shard tables, read as chunks of rows.
 
+use std::path::{Path, PathBuf};
+
 use crate::manifest::{ManifestError, ManifestReader, ManifestRow};
 use crate::shards::ShardsReader;
 
@@ -14,6 +16,8 @@ enum Reader {
 pub(super) struct Source {
     reader: Reader,
     exhausted: bool,
+    /// Where relative audio paths resolve when no `--audio-root` is given.
+    default_audio_base: PathBuf,
 }
 
 impl Source {
@@ -23,11 +27,25 @@ impl Source {
         chunk_rows: usize,
         shard_source: &str,
     ) -> Result<Source, ManifestError> {
-        let reader = match input {
-            Input::Manifest(p) => Reader::Manifest(ManifestReader::open(p, chunk_rows)?),
-            Input::Shards(p) => Reader::Shards(ShardsReader::open(p, chunk_rows, shard_source)?),
+        let (reader, default_audio_base) = match input {
+            Input::Manifest(p) => {
+                let reader = Reader::Manifest(ManifestReader::open(p, chunk_rows)?);
+                // Only `/` and the empty path have no parent, and neither opens as a parquet
+                // file. A bare file name has the empty parent: the current directory.
+                let dir = p.parent().expect("a path that opened as a manifest file has a parent");
+                (reader, dir.to_path_buf())
+            }
+            Input::Shards(p) => {
+                (Reader::Shards(ShardsReader::open(p, chunk_rows, shard_source)?), p.clone())
+            }
         };
-        Ok(Source { reader, exhausted: false })
+        Ok(Source { reader, exhausted: false, default_audio_base })
+    }
+
+    /// The directory relative audio paths resolve against when no `--audio-root` is given:
+    /// the manifest's directory, or the shard root.
+    pub(super) fn default_audio_base(&self) -> &Path {
+        &self.default_audio_base
     }
 
     /// Rows in the input (for progress).
