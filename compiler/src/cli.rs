@@ -130,7 +130,8 @@ pub struct CompileArgs {
     /// and audio_index.parquet (joined on segment_id), with the FLAC files beside them.
     #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
     pub shards: Option<PathBuf>,
-    /// Corpus file to write (atomically: a failed compile leaves nothing behind).
+    /// Corpus file to write (atomically: a failed compile leaves no corpus behind); missing
+    /// directories are created.
     #[arg(short, long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub output: PathBuf,
     /// SentencePiece model; it is embedded in the corpus.

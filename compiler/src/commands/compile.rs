@@ -5,9 +5,9 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::about_path;
 use crate::cli::CompileArgs;
 use crate::compile::report::Summary;
 use crate::compile::{compile, report_paths, CompileOptions, Input, Progress};
@@ -158,10 +158,13 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<ExitCode> {
     let mut reporter = Reporter::new(args.quiet);
     let result = compile(&opts, &mut |p| reporter.update(p));
     reporter.finish();
-    let summary = result.with_context(|| format!("compiling {}", opts.output.display()))?;
+    let summary = about_path(result, "compiling", &opts.output)?;
     let json = serde_json::to_vec_pretty(&summary)?;
-    std::fs::write(&summary_path, json)
-        .with_context(|| format!("writing {}", summary_path.display()))?;
+    if let Some(dir) = summary_path.parent() {
+        // The empty parent of a bare file name is the current directory: nothing to create.
+        about_path(std::fs::create_dir_all(dir), "creating directory", dir)?;
+    }
+    about_path(std::fs::write(&summary_path, json), "writing", &summary_path)?;
     if !args.quiet {
         print(&human(&summary, &summary_path))?;
     }

@@ -7,14 +7,14 @@ use std::process::ExitCode;
 use anyhow::Context;
 use asr_corpus::{Corpus, TextBlock};
 
+use super::about_path;
 use crate::cli::DumpArgs;
 
 /// Runs the command.
 pub fn run(args: &DumpArgs) -> anyhow::Result<ExitCode> {
-    let c = Corpus::open(&args.corpus)
-        .with_context(|| format!("opening corpus {}", args.corpus.display()))?;
+    let c = about_path(Corpus::open(&args.corpus), "opening corpus", &args.corpus)?;
     if let Some(dir) = &args.pcm_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        about_path(std::fs::create_dir_all(dir), "creating directory", dir)?;
     }
     let end = args.limit.map_or(c.len(), |n| args.start.saturating_add(n).min(c.len()));
     let k = c.header().text_block_size as usize;
@@ -33,8 +33,7 @@ pub fn run(args: &DumpArgs) -> anyhow::Result<ExitCode> {
         let pcm_path = match &args.pcm_dir {
             Some(dir) => {
                 let p = dir.join(format!("{i:08}.wav"));
-                write_wav(&p, c.pcm(i), rate)
-                    .with_context(|| format!("writing {}", p.display()))?;
+                about_path(write_wav(&p, c.pcm(i), rate), "writing", &p)?;
                 Some(p.display().to_string())
             }
             None => None,

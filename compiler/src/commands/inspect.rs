@@ -3,10 +3,10 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use asr_corpus::Corpus;
 use serde::Serialize;
 
+use super::about_path;
 use crate::cli::InspectArgs;
 use crate::output::print;
 
@@ -167,8 +167,7 @@ pub fn summarize(c: &Corpus) -> Summary {
 
 /// Runs the command.
 pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
-    let c = Corpus::open(&args.corpus)
-        .with_context(|| format!("opening corpus {}", args.corpus.display()))?;
+    let c = about_path(Corpus::open(&args.corpus), "opening corpus", &args.corpus)?;
     let s = summarize(&c);
     if args.json {
         print(&(serde_json::to_string_pretty(&s)? + "\n"))?;

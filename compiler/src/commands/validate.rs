@@ -55,6 +55,10 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     } else {
         match (&outcome, error) {
             (Ok((corpus, _)), _) => print(&human_summary(&path, corpus, report))?,
+            // The path once: an unreadable file's error names it already.
+            (Err(_), Some(e)) if e.to_string().contains(&path) => {
+                eprintln!("asrc validate: {}", describe(e));
+            }
             (Err(_), Some(e)) => eprintln!("asrc validate: {path}: {}", describe(e)),
             (Err(_), None) => {}
         }

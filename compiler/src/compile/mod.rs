@@ -46,6 +46,14 @@ pub enum CompileError {
     /// The corpus cannot be written.
     #[error(transparent)]
     Write(#[from] WriteError),
+    /// A directory for the outputs cannot be created.
+    #[error("creating directory {path}: {source}")]
+    OutputDir {
+        /// The directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// A report file cannot be written.
     #[error("writing {path}: {source}")]
     Report {

@@ -4,6 +4,7 @@
 //! Stage 3 (one thread, input order): audio deduplication, the duration check, appending to the
 //! corpus writer, and the chunk's report entries in row order.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use asr_corpus::{CorpusWriter, UtteranceIn, WriteError, WriterOptions};
@@ -159,7 +160,17 @@ impl Writer<'_> {
     }
 }
 
-/// Compiles `opts.input` into `opts.output`; `progress` is called after every chunk. Returns
+/// Creates the missing directories above an output file.
+fn create_parent(file: &Path) -> Result<(), CompileError> {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir)
+            .map_err(|source| CompileError::OutputDir { path: dir.to_path_buf(), source }),
+        _ => Ok(()),
+    }
+}
+
+/// Compiles `opts.input` into `opts.output` (creating missing directories above it and above
+/// the report); `progress` is called after every chunk. Returns
 /// the report's summary (the caller writes it); the JSON-lines file is written here.
 pub fn compile(
     opts: &CompileOptions,
@@ -183,6 +194,8 @@ pub fn compile(
         tokenizer.model_bytes().to_vec(),
     );
     wopts.compile = opts.corpus_params();
+    create_parent(&opts.output)?;
+    create_parent(&opts.entries_path)?;
     let corpus = CorpusWriter::create(&opts.output, wopts)?;
     let entries = EntryWriter::create(&opts.entries_path)
         .map_err(|source| CompileError::Report { path: opts.entries_path.clone(), source })?;

@@ -23,6 +23,11 @@ fn example() -> PathBuf {
 
 fn compile(dir: &Path, extra: &[&str]) -> (std::process::Output, PathBuf) {
     let out = dir.join("c.asrcorpus");
+    (compile_to(&out, extra), out)
+}
+
+/// Compiles the example into `out`.
+fn compile_to(out: &Path, extra: &[&str]) -> std::process::Output {
     let manifest = example().join("manifest.parquet");
     let model = example().join("spm.model");
     let mut args = vec![
@@ -34,7 +39,7 @@ fn compile(dir: &Path, extra: &[&str]) -> (std::process::Output, PathBuf) {
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    (asrc(&args), out)
+    asrc(&args)
 }
 
 fn report(corpus: &Path) -> (Value, Vec<Value>) {
@@ -344,4 +349,45 @@ fn relative_audio_paths_resolve_against_audio_root() {
     let (in_place_out, in_place) = compile(dir.path(), &["--quiet"]);
     assert!(in_place_out.status.success());
     assert_eq!(std::fs::read(&rooted).unwrap(), std::fs::read(&in_place).unwrap());
+}
+
+#[test]
+fn outputs_go_into_directories_created_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("not/yet/there/c.asrcorpus");
+    let report = dir.path().join("reports/of/today/c.json");
+    let run = compile_to(&out, &["--report", report.to_str().unwrap(), "--quiet"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(Corpus::open(&out).unwrap().len(), 34);
+    assert!(report.is_file() && report.with_extension("jsonl").is_file());
+}
+
+/// Occurrences of `needle` in `haystack`.
+fn count(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+#[test]
+fn an_unwritable_output_is_an_error_naming_its_path_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory cannot be created where a file is (whoever runs the test, root included).
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, b"a file, not a directory").unwrap();
+    let out = blocker.join("c.asrcorpus");
+    let run = compile_to(&out, &["--quiet"]);
+    assert_eq!(run.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(count(&err, out.to_str().unwrap()), 1, "{err}");
+    assert!(err.contains("creating directory"), "{err}");
+    assert!(!err.contains("at path"), "{err}");
+
+    // The corpus cannot take the place of a directory: the error comes from the final rename.
+    let taken = dir.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    let run = compile_to(&taken, &["--quiet"]);
+    assert_eq!(run.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(count(&err, taken.to_str().unwrap()), 1, "{err}");
+    assert!(count(&err, "at path") <= 1, "{err}");
+    assert!(taken.is_dir() && std::fs::read_dir(&taken).unwrap().next().is_none());
 }

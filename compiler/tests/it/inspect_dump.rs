@@ -76,7 +76,8 @@ fn dump_prints_every_utterance_and_writes_wav_files_sox_reads() {
         assert_eq!(toks, c.tokens(i).to_vec());
     }
 
-    let pcm_dir = dir.path().join("pcm");
+    // Missing directories are created.
+    let pcm_dir = dir.path().join("pcm/of/ten");
     let out = asrc(&[
         "dump",
         path.to_str().unwrap(),
@@ -112,6 +113,18 @@ fn dump_prints_every_utterance_and_writes_wav_files_sox_reads() {
         let rate = Command::new("soxi").args(["-r", wav]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&rate.stdout).trim(), "16000");
     }
+}
+
+#[test]
+fn dump_into_a_directory_that_cannot_be_made_names_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = corpus(dir.path(), 3);
+    let pcm_dir = dir.path().join("c.asrcorpus/wav");
+    let out = asrc(&["dump", path.to_str().unwrap(), "--pcm-dir", pcm_dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches(pcm_dir.to_str().unwrap()).count(), 1, "{err}");
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
