@@ -79,7 +79,9 @@ pub struct DumpArgs {
     /// Most utterances to print (all by default).
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Also write each printed utterance's audio to DIR/<index>.wav (16 kHz, mono, 16-bit).
+    /// Also write each printed utterance's audio (16 kHz, mono, 16-bit WAV) to
+    /// DIR/<index>.wav, the index zero-padded to 8 digits: DIR/00000042.wav for utterance 42.
+    /// Missing directories are created.
     #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
     pub pcm_dir: Option<PathBuf>,
 }

@@ -112,7 +112,12 @@ fn dump_prints_every_utterance_and_writes_wav_files_sox_reads() {
         assert_eq!(samples, c.pcm(i));
         let rate = Command::new("soxi").args(["-r", wav]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&rate.stdout).trim(), "16000");
+        // Named as --help says: the index zero-padded to 8 digits.
+        assert_eq!(std::path::Path::new(wav), pcm_dir.join(format!("{i:08}.wav")));
     }
+    let help = String::from_utf8(asrc(&["dump", "--help"]).stdout).unwrap();
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("zero-padded to 8 digits: DIR/00000042.wav for utterance 42"), "{help}");
 }
 
 #[test]
