@@ -37,6 +37,9 @@ struct Args {
     /// Longest utterance in seconds.
     #[arg(long, default_value_t = 8.0)]
     max_seconds: f64,
+    /// Most tokens per utterance (each utterance draws a count uniformly in 0..=N).
+    #[arg(long, default_value_t = 24)]
+    max_tokens: u32,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         min_samples: (args.min_seconds * 16_000.0) as u32,
         max_samples: (args.max_seconds * 16_000.0) as u32,
         vocab_size: args.vocab,
+        max_tokens: args.max_tokens,
         ..SynthSpec::default()
     };
     let mut opts = WriterOptions::new(args.vocab, "none", Vec::new());
