@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libsentencepiece-dev is linked through pkg-config; sox, flac and sentencepiece (spm_train,
-# spm_encode) are the reference tools the tests compare against.
-apt_packages=(pkg-config libsentencepiece-dev sentencepiece sox flac)
+# libsentencepiece-dev is linked through pkg-config; cmake builds the libFLAC sources that
+# libflac-sys bundles; sox, flac and sentencepiece (spm_train, spm_encode) are the reference
+# tools the tests compare against.
+apt_packages=(pkg-config cmake libsentencepiece-dev sentencepiece sox flac)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

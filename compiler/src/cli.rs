@@ -33,7 +33,7 @@ pub enum Command {
         Reasons a row is dropped: null_segment_id, duplicate_row, reused_segment_id,\n  \
         duplicate_audio, filtered_duration, filtered_quality, null_text, empty_text, no_language,\n  \
         no_audio_index, missing_file, not_flac, corrupt_flac, truncated_flac, no_samples,\n  \
-        unsupported_audio, tokenize_error, unstorable.\n\
+        unsupported_audio, format_change, tokenize_error, unstorable.\n\
         Kept rows may be retagged (language changed) or flagged: unknown_language, tag_mismatch,\n  \
         duration_mismatch, truncated_tokens.")]
     Compile(Box<CompileArgs>),
@@ -164,6 +164,10 @@ pub struct CompileArgs {
     /// Keep every row's (normalised) language label; do not retag from the transcript.
     #[arg(long)]
     pub no_retag: bool,
+    /// FLAC decoder: libflac (the reference decoder, every valid stream, MD5 checked) or
+    /// symphonia (pure Rust, up to 24 bits, MD5 checked; fails some valid streams).
+    #[arg(long, value_enum, default_value_t = crate::audio::decode::Decoder::Libflac)]
+    pub decoder: crate::audio::decode::Decoder,
     /// Exit 1 when more than this fraction of the rows is dropped.
     #[arg(long, value_name = "FRACTION")]
     pub max_reject_fraction: Option<f64>,

@@ -7,7 +7,8 @@
 //! - compiling: [`compile`] with its [`CompileOptions`], returning the report's [`Summary`];
 //! - the stages' building blocks, each tested on its own: transcript cleaning, language labels,
 //!   the manifest reader, FLAC decoding, resampling, tokenization.
-#![forbid(unsafe_code)]
+// Only `audio::libflac` may use `unsafe` (libFLAC's C API), and says why at each use.
+#![deny(unsafe_code)]
 
 mod audio;
 mod cli;
@@ -44,7 +45,10 @@ pub use lang::{
 pub use manifest::{ManifestError, ManifestReader, ManifestRow};
 
 // FLAC decoding and downmix, conversion to 16-bit.
-pub use audio::decode::{decode, decode_file, to_i16, Decoded, Reject};
+pub use audio::decode::{
+    decode, decode_file, decode_file_with, decode_pcm, decode_with, downmix, md5_of, to_i16,
+    Decoded, Decoder, Pcm, Reject, MAX_SECONDS,
+};
 
 // Resampling to the corpus rate.
 pub use audio::resample::{ResampleError, Resampler, TARGET_RATE};

@@ -79,8 +79,10 @@ reasons! {
     TruncatedFlac = "truncated_flac", Dropped;
     /// Nothing decoded.
     NoSamples = "no_samples", Dropped;
-    /// More than 2 channels, or an unusable rate.
+    /// A bit depth the chosen decoder cannot read, or an unusable rate.
     UnsupportedAudio = "unsupported_audio", Dropped;
+    /// The sample rate, channel count or bit depth changes between frames.
+    FormatChange = "format_change", Dropped;
     /// Decoded 16 kHz samples identical to an earlier kept row's.
     DuplicateAudio = "duplicate_audio", Dropped;
     /// SentencePiece refuses the text.

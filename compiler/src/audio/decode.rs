@@ -1,5 +1,12 @@
-//! FLAC decoding with symphonia: any sample rate, 1 or 2 channels, 16 or 24 bits, downmixed to
-//! mono by averaging the channels.
+//! FLAC decoding: any sample rate, 1 to 8 channels, 4 to 32 bits, downmixed to mono by the mean
+//! of the channels.
+//!
+//! Two decoders: libFLAC, the reference decoder, by default ([`Decoder::Libflac`], module
+//! `libflac`), and symphonia, in pure Rust ([`Decoder::Symphonia`]). Both return the stream's
+//! integer samples ([`decode_pcm`]), which [`decode`] downmixes. A decoded stream is only kept
+//! when nothing is known to be wrong with it: the samples match the MD5 that STREAMINFO records
+//! (when the encoder recorded one), every frame has STREAMINFO's format, no frame was damaged,
+//! and the stream holds the samples its header announces.
 //!
 //! A file that is not usable is a [`Reject`], not an error: the compiler counts it, reports it
 //! with its reason and detail, and goes on. Corrupt frames are rejects too (the file is dropped,
@@ -9,7 +16,7 @@
 use std::io::Cursor;
 use std::path::Path;
 
-use symphonia::core::audio::sample::Sample as _;
+use md5::{Digest, Md5};
 use symphonia::core::codecs::audio::AudioDecoderOptions;
 use symphonia::core::errors::Error;
 use symphonia::core::formats::probe::Hint;
@@ -17,7 +24,34 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
+use super::libflac;
+pub use super::libflac::Pcm;
 use crate::reason::Reason;
+
+/// Most audio taken from one file, in seconds: a corpus utterance holds at most 10 minutes
+/// (SPEC.md section 7); a second more lets the format limit, not the decoder, name the reject.
+pub const MAX_SECONDS: u64 = 601;
+
+/// Which FLAC decoder `asrc` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Decoder {
+    /// libFLAC, the reference decoder: every valid stream, MD5 checked (the default).
+    #[default]
+    Libflac,
+    /// symphonia, pure Rust: 1 to 8 channels, up to 24 bits, MD5 checked here; rejects 32-bit
+    /// streams and fails some valid ones (see README, "Audio").
+    Symphonia,
+}
+
+impl Decoder {
+    /// The decoder's name, as the command line and the report spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Decoder::Libflac => "libflac",
+            Decoder::Symphonia => "symphonia",
+        }
+    }
+}
 
 /// Why an audio file was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +66,12 @@ pub enum Reject {
     TruncatedFlac(String),
     /// The stream decodes to no samples.
     NoSamples(String),
-    /// A valid FLAC this compiler does not take (more than 2 channels).
+    /// A valid FLAC this compiler does not take (a bit depth the chosen decoder cannot read).
     Unsupported(String),
+    /// The sample rate, channel count or bit depth changes between frames.
+    FormatChange(String),
+    /// More audio than a corpus utterance may hold.
+    TooLong(String),
 }
 
 impl Reject {
@@ -45,7 +83,9 @@ impl Reject {
             | Reject::CorruptFlac(d)
             | Reject::TruncatedFlac(d)
             | Reject::NoSamples(d)
-            | Reject::Unsupported(d) => d,
+            | Reject::Unsupported(d)
+            | Reject::FormatChange(d)
+            | Reject::TooLong(d) => d,
         }
     }
 
@@ -58,6 +98,8 @@ impl Reject {
             Reject::TruncatedFlac(_) => Reason::TruncatedFlac,
             Reject::NoSamples(_) => Reason::NoSamples,
             Reject::Unsupported(_) => Reason::UnsupportedAudio,
+            Reject::FormatChange(_) => Reason::FormatChange,
+            Reject::TooLong(_) => Reason::Unstorable,
         }
     }
 }
@@ -103,15 +145,32 @@ fn sniff(bytes: &[u8]) -> &'static str {
     }
 }
 
-/// Reads and decodes the FLAC file at `path`.
+/// Reads and decodes the FLAC file at `path` with libFLAC.
 pub fn decode_file(path: &Path) -> Result<Decoded, Reject> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))?;
-    decode(bytes)
+    decode_file_with(path, Decoder::default())
 }
 
-/// Decodes FLAC bytes.
-pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
+/// Reads and decodes the FLAC file at `path` with `decoder`.
+pub fn decode_file_with(path: &Path, decoder: Decoder) -> Result<Decoded, Reject> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))?;
+    decode_with(bytes, decoder)
+}
+
+/// Decodes FLAC bytes with libFLAC, downmixed to mono.
+pub fn decode(bytes: Vec<u8>) -> Result<Decoded, Reject> {
+    decode_with(bytes, Decoder::default())
+}
+
+/// Decodes FLAC bytes with `decoder`, downmixed to mono.
+pub fn decode_with(bytes: Vec<u8>, decoder: Decoder) -> Result<Decoded, Reject> {
+    let pcm = decode_pcm(bytes, decoder)?;
+    Ok(Decoded { samples: downmix(&pcm), rate: pcm.rate, channels: pcm.channels, bits: pcm.bits })
+}
+
+/// Decodes FLAC bytes to the stream's interleaved integer samples, before any downmix: what
+/// `flac -d` writes and what STREAMINFO's MD5 covers.
+pub fn decode_pcm(mut bytes: Vec<u8>, decoder: Decoder) -> Result<Pcm, Reject> {
     let kind = sniff(&bytes);
     if kind != "flac" {
         let head: String =
@@ -120,7 +179,87 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
             "{kind} data (first bytes {head}), expected a FLAC stream"
         )));
     }
-    normalize_streaminfo(&mut bytes);
+    match decoder {
+        Decoder::Libflac => libflac::decode(&bytes, MAX_SECONDS),
+        Decoder::Symphonia => {
+            let md5 = streaminfo_md5(&bytes);
+            // symphonia ends a stream quietly at a frame it cannot follow (a change of format,
+            // for one): only the announced length or the MD5 shows that something is missing.
+            if md5.is_none() && streaminfo_total(&bytes).unwrap_or(0) == 0 {
+                return Err(Reject::Unsupported(
+                    "STREAMINFO records neither the stream's length nor its MD5, so the \
+                     symphonia decoder's output cannot be checked (the default decoder, libFLAC, \
+                     checks every frame)"
+                        .into(),
+                ));
+            }
+            normalize_streaminfo(&mut bytes);
+            let mut pcm = decode_symphonia(bytes)?;
+            pcm.md5_checked = md5.is_some();
+            if let Some(expected) = md5 {
+                if md5_of(&pcm) != expected {
+                    return Err(Reject::CorruptFlac(
+                        "the decoded samples do not match the MD5 that STREAMINFO records".into(),
+                    ));
+                }
+            }
+            Ok(pcm)
+        }
+    }
+}
+
+/// The mean of the channels, scaled to [-1, 1) by the bit depth (in f64, so that a 32-bit or
+/// 8-channel sum loses nothing before the one rounding to f32).
+pub fn downmix(pcm: &Pcm) -> Vec<f32> {
+    let channels = pcm.channels.max(1) as usize;
+    let scale = 1.0 / (f64::from(1u32 << (pcm.bits.clamp(1, 32) - 1)) * channels as f64);
+    if channels == 1 {
+        return pcm.samples.iter().map(|&v| (f64::from(v) * scale) as f32).collect();
+    }
+    pcm.samples
+        .chunks_exact(channels)
+        .map(|frame| (frame.iter().map(|&v| f64::from(v)).sum::<f64>() * scale) as f32)
+        .collect()
+}
+
+/// STREAMINFO's MD5 when the stream starts with a STREAMINFO block that records one.
+fn streaminfo_md5(bytes: &[u8]) -> Option<[u8; 16]> {
+    // "fLaC", block header (type 0 = STREAMINFO), then the 34-byte body; the MD5 is its last 16.
+    if bytes.get(4).map(|b| b & 0x7f) != Some(0) {
+        return None;
+    }
+    let md5: [u8; 16] = bytes.get(8 + 18..8 + 34)?.try_into().ok()?;
+    md5.iter().any(|&b| b != 0).then_some(md5)
+}
+
+/// STREAMINFO's total sample count (0: unknown) when the stream starts with STREAMINFO.
+fn streaminfo_total(bytes: &[u8]) -> Option<u64> {
+    if bytes.get(4).map(|b| b & 0x7f) != Some(0) {
+        return None;
+    }
+    // Body bytes 13-17: the low 4 bits of byte 13, then 4 bytes: 36 bits of sample count.
+    let t = bytes.get(8 + 13..8 + 18)?;
+    Some(t[1..].iter().fold(u64::from(t[0] & 0x0f), |acc, &b| acc << 8 | u64::from(b)))
+}
+
+/// The MD5 of the samples as FLAC defines it: each sample little-endian in (bits + 7) / 8 bytes,
+/// interleaved.
+pub fn md5_of(pcm: &Pcm) -> [u8; 16] {
+    let width = pcm.bits.div_ceil(8).clamp(1, 4) as usize;
+    let mut hasher = Md5::new();
+    let mut buf = Vec::with_capacity(4096 * width);
+    for chunk in pcm.samples.chunks(4096) {
+        buf.clear();
+        for &v in chunk {
+            buf.extend_from_slice(&v.to_le_bytes()[..width]);
+        }
+        hasher.update(&buf);
+    }
+    hasher.finalize().into()
+}
+
+/// symphonia's decode of a stream `sniff` called FLAC.
+fn decode_symphonia(bytes: Vec<u8>) -> Result<Pcm, Reject> {
     let corrupt = |what: &str, e: Error| Reject::CorruptFlac(format!("{what}: {e}"));
     let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes)), Default::default());
     let mut format = symphonia::default::get_probe()
@@ -147,8 +286,14 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
     let rate = params.sample_rate.ok_or_else(|| Reject::CorruptFlac("no sample rate".into()))?;
     let channels = params.channels.as_ref().map_or(0, |c| c.count() as u32);
     let bits = params.bits_per_sample.unwrap_or(0);
-    if !(1..=2).contains(&channels) {
-        return Err(Reject::Unsupported(format!("{channels} channels, expected 1 or 2")));
+    if !(1..=8).contains(&channels) {
+        return Err(Reject::CorruptFlac(format!("{channels} channels, FLAC allows 1 to 8")));
+    }
+    if !(4..=24).contains(&bits) {
+        return Err(Reject::Unsupported(format!(
+            "{bits} bits per sample: the symphonia decoder reads 4 to 24 (use the default decoder, \
+             libFLAC)"
+        )));
     }
     let mut decoder = symphonia::default::get_codecs()
         .make_audio_decoder(&params, &AudioDecoderOptions::default())
@@ -157,7 +302,8 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
     // The header's sample count, when it has one, sizes the buffer once (bounded so that a
     // corrupt header cannot ask for gigabytes).
     let expected = announced.unwrap_or(0).min(1 << 26) as usize * channels as usize;
-    let mut interleaved: Vec<f32> = Vec::with_capacity(expected);
+    let mut interleaved: Vec<i32> = Vec::with_capacity(expected);
+    let limit = MAX_SECONDS.saturating_mul(u64::from(rate)).saturating_mul(u64::from(channels));
     // The demuxer skips a frame it cannot parse and resynchronises on the next one; a jump in
     // the packets' timestamps is how that shows, and it means corruption, not truncation.
     let mut next_ts: i64 = 0;
@@ -177,10 +323,27 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
             skipped = Some((next_ts, ts));
         }
         next_ts = ts.saturating_add(i64::try_from(packet.dur.get()).unwrap_or(i64::MAX));
+        check_frame_format(&packet.data, rate, channels, bits, ts)?;
         let buf = decoder.decode(&packet).map_err(|e| corrupt("decoding a frame", e))?;
+        if buf.spec().channels().count() != channels as usize {
+            return Err(Reject::FormatChange(format!(
+                "the channel count changes mid-stream: {} in the frame at sample {ts}, \
+                 {channels} in STREAMINFO",
+                buf.spec().channels().count()
+            )));
+        }
         let at = interleaved.len();
-        interleaved.resize(at + buf.samples_interleaved(), f32::MID);
+        interleaved.resize(at + buf.samples_interleaved(), 0);
+        // symphonia scales every sample to the full i32 range; shift back to the stream's depth.
         buf.copy_to_slice_interleaved(&mut interleaved[at..]);
+        for v in &mut interleaved[at..] {
+            *v >>= 32 - bits;
+        }
+        if interleaved.len() as u64 > limit {
+            return Err(Reject::TooLong(format!(
+                "more than {MAX_SECONDS} s of audio: longer than a corpus utterance may be"
+            )));
+        }
     }
     let frames = interleaved.len() / channels as usize;
     if let Some((want, got)) = skipped {
@@ -194,16 +357,103 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Decoded, Reject> {
                 "decoded {frames} of the {n} samples per channel the header announces"
             )));
         }
+        // `flac -d` stops at the announced count; which part is right is not known: not kept.
+        if n != 0 && frames as u64 > n {
+            return Err(Reject::CorruptFlac(format!(
+                "the stream holds {frames} samples per channel, more than the {n} its header \
+                 announces"
+            )));
+        }
     }
     if frames == 0 {
         return Err(Reject::NoSamples("the stream holds no samples".into()));
     }
-    let samples = if channels == 1 {
-        interleaved
-    } else {
-        interleaved.chunks_exact(2).map(|c| (c[0] + c[1]) * 0.5).collect()
+    Ok(Pcm { samples: interleaved, rate, channels, bits, md5_checked: false })
+}
+
+/// Checks a frame's header (the first bytes of a symphonia packet) against STREAMINFO's format:
+/// symphonia decodes a frame of another rate, bit depth or channel count with the stream's, so
+/// a stream that changes format mid-way would be kept wrong. Header codes per RFC 9639 section
+/// 9.1; a code that defers to STREAMINFO, or a header too short to read, is left to the decoder.
+fn check_frame_format(
+    frame: &[u8],
+    rate: u32,
+    channels: u32,
+    bits: u32,
+    at: i64,
+) -> Result<(), Reject> {
+    let change = |what: &str, frame: u32, stream: u32| {
+        Reject::FormatChange(format!(
+            "the {what} changes mid-stream: {frame} in the frame at sample {at}, {stream} in \
+             STREAMINFO; the file holds more than one format and is not kept in part"
+        ))
     };
-    Ok(Decoded { samples, rate, channels, bits })
+    let (Some(&b2), Some(&b3)) = (frame.get(2), frame.get(3)) else { return Ok(()) };
+    let frame_channels = match b3 >> 4 {
+        n @ 0..=7 => u32::from(n) + 1,
+        8..=10 => 2,
+        _ => return Ok(()), // reserved: the decoder rejects it
+    };
+    if frame_channels != channels {
+        return Err(change("channel count", frame_channels, channels));
+    }
+    let frame_bits = match (b3 >> 1) & 7 {
+        1 => 8,
+        2 => 12,
+        4 => 16,
+        5 => 20,
+        6 => 24,
+        7 => 32,
+        _ => bits, // 0: from STREAMINFO; 3: reserved
+    };
+    if frame_bits != bits {
+        return Err(change("bit depth", frame_bits, bits));
+    }
+    // The rate: a table code, or a value stored after the coded frame number and block size.
+    let code = b2 & 0x0f;
+    let frame_rate = match code {
+        1 => 88_200,
+        2 => 176_400,
+        3 => 192_000,
+        4 => 8_000,
+        5 => 16_000,
+        6 => 22_050,
+        7 => 24_000,
+        8 => 32_000,
+        9 => 44_100,
+        10 => 48_000,
+        11 => 96_000,
+        12..=14 => {
+            // The coded number is 1 byte, or as many bytes as its first byte's leading ones.
+            let Some(&first) = frame.get(4) else { return Ok(()) };
+            let number_len = match first.leading_ones() {
+                0 => 1,
+                n @ 2..=7 => n as usize,
+                _ => return Ok(()),
+            };
+            let block_extra = match b2 >> 4 {
+                6 => 1,
+                7 => 2,
+                _ => 0,
+            };
+            let at = 4 + number_len + block_extra;
+            let byte = |i: usize| frame.get(at + i).map(|&b| u32::from(b));
+            let value = match code {
+                12 => byte(0).map(|k| k * 1000),
+                13 => byte(0).zip(byte(1)).map(|(h, l)| h << 8 | l),
+                _ => byte(0).zip(byte(1)).map(|(h, l)| (h << 8 | l) * 10),
+            };
+            match value {
+                Some(v) => v,
+                None => return Ok(()),
+            }
+        }
+        _ => rate, // 0: from STREAMINFO; 15: invalid, the decoder rejects it
+    };
+    if frame_rate != rate {
+        return Err(change("sample rate (Hz)", frame_rate, rate));
+    }
+    Ok(())
 }
 
 /// Works around a reader limitation: symphonia 0.6 fails with "unexpected end of file" on a

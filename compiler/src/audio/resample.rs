@@ -315,7 +315,7 @@ mod tests {
             let context = kaiser_half_length(rate).div_ceil(m) * m;
             let half = kaiser_half_length(rate);
             let k = block_count(m, l, half, context);
-            assert!(k % 2 == 0 && k > 2 * context / m, "{rate}: {k}");
+            assert!(k.is_multiple_of(2) && k > 2 * context / m, "{rate}: {k}");
             assert!(largest_prime_factor(k * m) <= 7 && largest_prime_factor(k * l) <= 7);
         }
     }

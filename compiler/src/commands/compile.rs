@@ -34,6 +34,7 @@ fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
     o.min_quality = args.min_quality;
     o.duration_tolerance = args.duration_tolerance;
     o.retag = !args.no_retag;
+    o.decoder = args.decoder;
     o.chunk_rows = args.chunk_rows.max(1);
     if let Some(j) = args.jobs {
         o.jobs = j;

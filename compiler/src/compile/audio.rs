@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use crate::audio::decode::{decode_file, to_i16, Reject};
+use crate::audio::decode::{decode_file_with, to_i16, Decoder, Reject};
 use crate::audio::resample::Resampler;
 use crate::tokenize::{LangPrefix, Tokenizer};
 
@@ -51,6 +51,7 @@ pub(super) struct AudioStage<'a> {
     pub(super) tokenizer: &'a Tokenizer,
     pub(super) prefix: LangPrefix,
     pub(super) max_tokens: usize,
+    pub(super) decoder: Decoder,
 }
 
 impl AudioStage<'_> {
@@ -73,7 +74,7 @@ impl AudioStage<'_> {
             Box::new(e)
         };
         let t = Instant::now();
-        let decoded = decode_file(&ready.audio)
+        let decoded = decode_file_with(&ready.audio, self.decoder)
             .map_err(|r: Reject| reject(r.reason(), r.detail().to_owned()))?;
         timings.decode += t.elapsed();
         let t = Instant::now();

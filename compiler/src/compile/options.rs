@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::CompileError;
+use crate::audio::decode::Decoder;
 use crate::tokenize::LangPrefix;
 
 /// What to compile.
@@ -50,6 +51,8 @@ pub struct CompileOptions {
     pub duration_tolerance: f64,
     /// Whether transcripts may change a row's language.
     pub retag: bool,
+    /// The FLAC decoder.
+    pub decoder: Decoder,
     /// Rows per chunk.
     pub chunk_rows: usize,
     /// Worker threads.
@@ -83,6 +86,7 @@ impl CompileOptions {
             min_quality: None,
             duration_tolerance: 0.2,
             retag: true,
+            decoder: Decoder::default(),
             chunk_rows: 256,
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             entries_path,
@@ -124,6 +128,7 @@ impl CompileOptions {
             max_duration: Option<f64>,
             min_quality: Option<f64>,
             retag: bool,
+            decoder: &'a str,
             resampler: &'a str,
         }
         // Names only, no directories: the same input compiled from elsewhere gives the same
@@ -146,6 +151,7 @@ impl CompileOptions {
             max_duration: self.max_duration,
             min_quality: self.min_quality,
             retag: self.retag,
+            decoder: self.decoder.name(),
             resampler:
                 "Kaiser-windowed sinc by FFT, flat to 0.925 B, 110 dB from 0.99 B, to 16 kHz",
         };

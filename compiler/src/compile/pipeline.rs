@@ -201,8 +201,12 @@ pub fn compile(
         .map_err(|source| CompileError::Report { path: opts.entries_path.clone(), source })?;
     let audio_base = opts.audio_root.as_deref().unwrap_or(source.default_audio_base());
     let mut rows = Rows::new(opts, audio_base.to_path_buf());
-    let stage2 =
-        AudioStage { tokenizer: &tokenizer, prefix: opts.lang_prefix, max_tokens: opts.max_tokens };
+    let stage2 = AudioStage {
+        tokenizer: &tokenizer,
+        prefix: opts.lang_prefix,
+        max_tokens: opts.max_tokens,
+        decoder: opts.decoder,
+    };
     let mut w = Writer {
         opts,
         corpus,

@@ -5,6 +5,7 @@
 
 mod compile;
 mod decode;
+mod flac_conformance;
 mod inspect_dump;
 mod lang_rules;
 mod manifest;
