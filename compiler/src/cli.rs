@@ -168,6 +168,10 @@ pub struct CompileArgs {
     /// symphonia (pure Rust, up to 24 bits, MD5 checked; fails some valid streams).
     #[arg(long, value_enum, default_value_t = crate::audio::decode::Decoder::Libflac)]
     pub decoder: crate::audio::decode::Decoder,
+    /// Do not check decoded samples against the MD5 the FLAC header records (about a third of
+    /// the decoding time; frame CRCs still catch damaged files, but not a wrong decode).
+    #[arg(long)]
+    pub no_md5_check: bool,
     /// Exit 1 when more than this fraction of the rows is dropped.
     #[arg(long, value_name = "FRACTION")]
     pub max_reject_fraction: Option<f64>,

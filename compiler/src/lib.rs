@@ -46,8 +46,8 @@ pub use manifest::{ManifestError, ManifestReader, ManifestRow};
 
 // FLAC decoding and downmix, conversion to 16-bit.
 pub use audio::decode::{
-    decode, decode_file, decode_file_with, decode_pcm, decode_with, downmix, md5_of, to_i16,
-    Decoded, Decoder, Pcm, Reject, MAX_SECONDS,
+    decode, decode_file, decode_file_with, decode_pcm, decode_pcm_with, decode_with, downmix,
+    md5_of, to_i16, Decoded, Decoder, Pcm, Reject, MAX_SECONDS,
 };
 
 // Resampling to the corpus rate.

@@ -147,14 +147,20 @@ fn sniff(bytes: &[u8]) -> &'static str {
 
 /// Reads and decodes the FLAC file at `path` with libFLAC.
 pub fn decode_file(path: &Path) -> Result<Decoded, Reject> {
-    decode_file_with(path, Decoder::default())
+    decode_file_with(path, Decoder::default(), true)
 }
 
-/// Reads and decodes the FLAC file at `path` with `decoder`.
-pub fn decode_file_with(path: &Path, decoder: Decoder) -> Result<Decoded, Reject> {
+/// Reads and decodes the FLAC file at `path` with `decoder`, checking STREAMINFO's MD5 when
+/// `verify_md5` (and the stream records one).
+pub fn decode_file_with(
+    path: &Path,
+    decoder: Decoder,
+    verify_md5: bool,
+) -> Result<Decoded, Reject> {
     let bytes =
         std::fs::read(path).map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))?;
-    decode_with(bytes, decoder)
+    let pcm = decode_pcm_with(bytes, decoder, verify_md5)?;
+    Ok(Decoded { samples: downmix(&pcm), rate: pcm.rate, channels: pcm.channels, bits: pcm.bits })
 }
 
 /// Decodes FLAC bytes with libFLAC, downmixed to mono.
@@ -169,8 +175,19 @@ pub fn decode_with(bytes: Vec<u8>, decoder: Decoder) -> Result<Decoded, Reject> 
 }
 
 /// Decodes FLAC bytes to the stream's interleaved integer samples, before any downmix: what
-/// `flac -d` writes and what STREAMINFO's MD5 covers.
-pub fn decode_pcm(mut bytes: Vec<u8>, decoder: Decoder) -> Result<Pcm, Reject> {
+/// `flac -d` writes and what STREAMINFO's MD5 covers (checked).
+pub fn decode_pcm(bytes: Vec<u8>, decoder: Decoder) -> Result<Pcm, Reject> {
+    decode_pcm_with(bytes, decoder, true)
+}
+
+/// [`decode_pcm`], checking STREAMINFO's MD5 only when `verify_md5`: the check is about a third
+/// of the decoding time (bench/RESULTS.md); without it a damaged file is still caught by the
+/// frames' CRCs, but not a wrong decode.
+pub fn decode_pcm_with(
+    mut bytes: Vec<u8>,
+    decoder: Decoder,
+    verify_md5: bool,
+) -> Result<Pcm, Reject> {
     let kind = sniff(&bytes);
     if kind != "flac" {
         let head: String =
@@ -180,9 +197,9 @@ pub fn decode_pcm(mut bytes: Vec<u8>, decoder: Decoder) -> Result<Pcm, Reject> {
         )));
     }
     match decoder {
-        Decoder::Libflac => libflac::decode(&bytes, MAX_SECONDS),
+        Decoder::Libflac => libflac::decode(&bytes, MAX_SECONDS, verify_md5),
         Decoder::Symphonia => {
-            let md5 = streaminfo_md5(&bytes);
+            let md5 = streaminfo_md5(&bytes).filter(|_| verify_md5);
             // symphonia ends a stream quietly at a frame it cannot follow (a change of format,
             // for one): only the announced length or the MD5 shows that something is missing.
             if md5.is_none() && streaminfo_total(&bytes).unwrap_or(0) == 0 {

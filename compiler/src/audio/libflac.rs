@@ -58,8 +58,9 @@ struct State<'a> {
     problem: Option<Reject>,
 }
 
-/// Decodes a FLAC stream. `max_seconds` bounds the audio taken (more is `TooLong`).
-pub fn decode(bytes: &[u8], max_seconds: u64) -> Result<Pcm, Reject> {
+/// Decodes a FLAC stream. `max_seconds` bounds the audio taken (more is `TooLong`);
+/// `verify_md5` has libFLAC check the samples against STREAMINFO's MD5.
+pub fn decode(bytes: &[u8], max_seconds: u64, verify_md5: bool) -> Result<Pcm, Reject> {
     let mut state = State {
         input: bytes,
         at: 0,
@@ -76,7 +77,7 @@ pub fn decode(bytes: &[u8], max_seconds: u64) -> Result<Pcm, Reject> {
     // the callbacks: it is declared before `decoder`, the decoder is finished below before
     // `state` is read, and it is dropped (deleted) before `state` on every path.
     let (init, finished_ok, end_state) = unsafe {
-        ffi::FLAC__stream_decoder_set_md5_checking(decoder.0, 1);
+        ffi::FLAC__stream_decoder_set_md5_checking(decoder.0, i32::from(verify_md5));
         let init = ffi::FLAC__stream_decoder_init_stream(
             decoder.0,
             Some(read),
@@ -144,7 +145,7 @@ pub fn decode(bytes: &[u8], max_seconds: u64) -> Result<Pcm, Reject> {
         rate: format.rate,
         channels: format.channels,
         bits: format.bits,
-        md5_checked: format.has_md5,
+        md5_checked: format.has_md5 && verify_md5,
     })
 }
 

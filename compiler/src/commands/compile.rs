@@ -35,6 +35,7 @@ fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
     o.duration_tolerance = args.duration_tolerance;
     o.retag = !args.no_retag;
     o.decoder = args.decoder;
+    o.verify_md5 = !args.no_md5_check;
     o.chunk_rows = args.chunk_rows.max(1);
     if let Some(j) = args.jobs {
         o.jobs = j;

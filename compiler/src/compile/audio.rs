@@ -52,6 +52,7 @@ pub(super) struct AudioStage<'a> {
     pub(super) prefix: LangPrefix,
     pub(super) max_tokens: usize,
     pub(super) decoder: Decoder,
+    pub(super) verify_md5: bool,
 }
 
 impl AudioStage<'_> {
@@ -74,7 +75,7 @@ impl AudioStage<'_> {
             Box::new(e)
         };
         let t = Instant::now();
-        let decoded = decode_file_with(&ready.audio, self.decoder)
+        let decoded = decode_file_with(&ready.audio, self.decoder, self.verify_md5)
             .map_err(|r: Reject| reject(r.reason(), r.detail().to_owned()))?;
         timings.decode += t.elapsed();
         let t = Instant::now();

@@ -53,6 +53,8 @@ pub struct CompileOptions {
     pub retag: bool,
     /// The FLAC decoder.
     pub decoder: Decoder,
+    /// Whether decoded samples are checked against STREAMINFO's MD5.
+    pub verify_md5: bool,
     /// Rows per chunk.
     pub chunk_rows: usize,
     /// Worker threads.
@@ -87,6 +89,7 @@ impl CompileOptions {
             duration_tolerance: 0.2,
             retag: true,
             decoder: Decoder::default(),
+            verify_md5: true,
             chunk_rows: 256,
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             entries_path,
@@ -129,6 +132,7 @@ impl CompileOptions {
             min_quality: Option<f64>,
             retag: bool,
             decoder: &'a str,
+            verify_md5: bool,
             resampler: &'a str,
         }
         // Names only, no directories: the same input compiled from elsewhere gives the same
@@ -152,6 +156,7 @@ impl CompileOptions {
             min_quality: self.min_quality,
             retag: self.retag,
             decoder: self.decoder.name(),
+            verify_md5: self.verify_md5,
             resampler:
                 "Kaiser-windowed sinc by FFT, flat to 0.925 B, 110 dB from 0.99 B, to 16 kHz",
         };

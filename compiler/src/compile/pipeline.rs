@@ -206,6 +206,7 @@ pub fn compile(
         prefix: opts.lang_prefix,
         max_tokens: opts.max_tokens,
         decoder: opts.decoder,
+        verify_md5: opts.verify_md5,
     };
     let mut w = Writer {
         opts,

@@ -304,3 +304,20 @@ fn mutated_files_never_panic_and_never_decode_to_other_audio() {
     eprintln!("mutations: {accepted} decoded to the original audio, {rejected} rejected");
     assert!(rejected > 1000, "the mutations should break most files");
 }
+
+#[test]
+fn a_wrong_md5_rejects_the_file_unless_the_check_is_off() {
+    use asr_compiler::decode_pcm_with;
+    let mut bytes = std::fs::read(bench_dir().join("valid/s60-mono.flac")).unwrap();
+    // STREAMINFO's MD5 is bytes 26..42 of the file ("fLaC", block header, 18 bytes before it).
+    bytes[30] ^= 0x01;
+    for decoder in [Decoder::Libflac, Decoder::Symphonia] {
+        match decode_pcm_with(bytes.clone(), decoder, true) {
+            Err(Reject::CorruptFlac(d)) => assert!(d.contains("MD5"), "{}: {d}", decoder.name()),
+            Err(r) => panic!("{}: {r:?}", decoder.name()),
+            Ok(_) => panic!("{} kept a file whose samples do not match its MD5", decoder.name()),
+        }
+        let pcm = decode_pcm_with(bytes.clone(), decoder, false).unwrap();
+        assert!(!pcm.md5_checked);
+    }
+}
