@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueHint};
 
-use crate::data::sampler::{SamplerConfig, DEFAULT_BOUNDARIES};
+use crate::data::sampler::{SamplerConfig, SamplerMode, DEFAULT_BOUNDARIES};
 use crate::data::shape::ShapePolicy;
 
 /// Plan, feed and train ASR models from corpus files.
@@ -21,11 +21,13 @@ pub struct Cli {
 pub enum Command {
     /// Show what an epoch's batch plan will do, before any GPU starts.
     ///
-    /// Builds the bucketed, temperature-balanced plan (duration buckets, language temperature,
-    /// weighted random order, greedy packing to --max-batch-seconds, cost-sorted dealing to
-    /// ranks, trimming to --grad-accum, per-rank shuffle) and reports batches and hours per
-    /// bucket, language shares before and after temperature, padding, per-step cost imbalance
-    /// across ranks and the largest batch. --batches prints one rank's batches instead.
+    /// Builds the bucketed, temperature-balanced plan (--mode temperature: per-language quotas
+    /// that realise the target shares; --mode seed: the Python sampler's weighted order over every
+    /// utterance; then duration buckets, greedy packing to --max-batch-seconds, cost-sorted
+    /// dealing to ranks, trimming to --grad-accum, per-rank shuffle) and reports batches and
+    /// hours per bucket, language shares (corpus, target, realised, repeats), padding, per-step
+    /// cost imbalance across ranks and the largest batch. --batches prints one rank's batches
+    /// instead.
     #[command(after_help = "Examples:\n  asrt plan corpus.asrcorpus --world-size 8\n  \
                             asrt plan corpus.asrcorpus --world-size 8 --rank 3 --batches > rank3.json\n  \
                             asrt plan corpus.asrcorpus --json | jq .imbalance_worst")]
@@ -44,7 +46,7 @@ pub enum Command {
         preset = \"tiny\"            # or \"parakeet-tdt-0.6b\"\n  \
         [model.encoder]\n  n_layers = 4\n  [optim]\n  lr = 1e-3\n  warmup_steps = 100\n  \
         unfreeze_step = 0\n  [train]\n  max_steps = 1000\n  grad_accum = 4\n  \
-        checkpoint_every = 100\n  [sampler]\n  max_batch_seconds = 90.0\n  temperature = 0.3")]
+        checkpoint_every = 100\n  [sampler]\n  mode = \"temperature\"\n  max_batch_seconds = 90.0\n  temperature = 0.3")]
     Train(TrainArgs),
     /// Decode a corpus greedily with a trained checkpoint; WER and CER per language.
     #[command(after_help = "Examples:\n  asrt eval corpus.asrcorpus --checkpoint runs/tiny\n  \
@@ -112,6 +114,11 @@ pub struct EvalArgs {
 /// Options of the epoch plan, shared by every command that plans.
 #[derive(Debug, Clone, Args)]
 pub struct SamplerArgs {
+    /// temperature: each language's share of the epoch is its target share (small languages
+    /// upsampled, large ones downsampled); seed: every utterance once per epoch, the Python
+    /// sampler's batches, so the epoch's mix is the corpus's whatever the temperature.
+    #[arg(long, value_enum, default_value_t = SamplerMode::Temperature)]
+    pub mode: SamplerMode,
     /// Duration bucket boundaries in seconds, ascending (a duration equal to a boundary goes to
     /// the higher bucket).
     #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_BOUNDARIES.to_vec())]
@@ -148,6 +155,7 @@ impl SamplerArgs {
     /// The sampler configuration these options describe.
     pub fn config(&self) -> SamplerConfig {
         SamplerConfig {
+            mode: self.mode,
             boundaries: self.boundaries.clone(),
             temperature: self.temperature,
             max_batch_seconds: self.max_batch_seconds,
@@ -187,7 +195,7 @@ pub struct PlanArgs {
     /// Plan what `asrt train --config FILE` will run: sampler, [shape] and train.grad_accum come
     /// from this training config (the options they replace may then not be given).
     #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath, conflicts_with_all = [
-        "boundaries", "temperature", "max_batch_seconds", "seed", "curriculum_steps",
+        "mode", "boundaries", "temperature", "max_batch_seconds", "seed", "curriculum_steps",
         "grad_accum", "audio_quantum_seconds", "token_quantum",
     ])]
     pub config: Option<PathBuf>,

@@ -35,8 +35,8 @@ pub use data::batcher::{
 };
 pub use data::report::{report, PlanReport, ReportInput};
 pub use data::sampler::{
-    target_shares, Durations, EpochPlan, PlanError, SamplerConfig, SamplerState,
-    DEFAULT_BOUNDARIES, IDLE,
+    epoch_draws, target_shares, Durations, EpochPlan, PlanError, SamplerConfig, SamplerMode,
+    SamplerState, DEFAULT_BOUNDARIES, IDLE,
 };
 pub use data::shape::ShapePolicy;
 pub use data::synthetic::lognormal_zipf;

@@ -127,6 +127,16 @@ fn mix(seed: u64, counter: u64) -> u64 {
     SplitMix64::new(seed ^ counter.wrapping_mul(GOLDEN)).next_u64()
 }
 
+/// The seed of the `cycle`-th permutation of language `language`'s utterances, from which the
+/// temperature sampler takes each epoch's quota (`sampler.mode = "temperature"`).
+pub fn quota_seed(seed: u64, language: u16, cycle: u64) -> u64 {
+    finalize(
+        seed ^ 0x51A3_9E0B_7C4D_2F61
+            ^ u64::from(language).wrapping_mul(0xD1B5_4A32_D192_ED03)
+            ^ cycle.wrapping_mul(GOLDEN),
+    )
+}
+
 /// The seed of the permutation of a re-deal at optimizer step `step` of `epoch` (a 63-bit value:
 /// the permutation takes a Python-compatible seed).
 pub fn redeal_seed(seed: u64, epoch: u64, step: u64) -> u64 {

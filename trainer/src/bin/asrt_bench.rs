@@ -21,7 +21,7 @@ use asr_corpus::Corpus;
 use asr_trainer::lognormal_zipf;
 use asr_trainer::ShapePolicy;
 use asr_trainer::{assemble, AudioFormat};
-use asr_trainer::{Durations, EpochPlan, SamplerConfig, IDLE};
+use asr_trainer::{Durations, EpochPlan, SamplerConfig, SamplerMode, IDLE};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
@@ -45,6 +45,9 @@ enum Bench {
         /// Also write the inputs as DIR/durations.f64 and DIR/languages.u16 for the Python peer.
         #[arg(long)]
         write_inputs: Option<PathBuf>,
+        /// Sampler mode.
+        #[arg(long, value_enum, default_value_t = SamplerMode::Temperature)]
+        mode: SamplerMode,
     },
     /// Open a corpus and plan it.
     Startup { corpus: PathBuf },
@@ -126,10 +129,10 @@ fn main() -> anyhow::Result<()> {
         Bench::ModelShape { preset, seconds, tokens, vocab, repeats } => {
             model_shape_bench(&preset, seconds, tokens, vocab, repeats)?
         }
-        Bench::Plan { utterances, repeats, world_size, write_inputs } => {
+        Bench::Plan { utterances, repeats, world_size, write_inputs, mode } => {
             let (d, l) = lognormal_zipf(utterances, 12, 7, 5.0);
             let (_, _, _, before) = memory();
-            let cfg = SamplerConfig::default();
+            let cfg = SamplerConfig { mode, ..SamplerConfig::default() };
             let mut times = Vec::new();
             let mut batches = 0;
             for _ in 0..repeats.max(1) {
@@ -148,7 +151,7 @@ fn main() -> anyhow::Result<()> {
                 std::fs::write(dir.join("languages.u16"), bytes)?;
             }
             json!({
-                "bench": "plan", "utterances": utterances, "world_size": world_size,
+                "bench": "plan", "mode": mode.name(), "utterances": utterances, "world_size": world_size,
                 "batches": batches, "seconds_median": median(times.clone()), "seconds_all": times,
                 "input_mib": before, "peak_mib": peak, "planner_peak_mib": peak - before,
             })

@@ -91,9 +91,10 @@ fn human(r: &PlanReport, args: &PlanArgs) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{}: epoch {}, {} utterances, {:.2} h; world size {}, grad accum {}",
+        "{}: epoch {} ({} mode), {} utterances, {:.2} h; world size {}, grad accum {}",
         args.corpus.display(),
         r.epoch,
+        r.mode,
         r.utterances,
         r.hours,
         r.world_size,
@@ -126,25 +127,43 @@ fn human(r: &PlanReport, args: &PlanArgs) -> String {
     }
     let _ = writeln!(
         s,
-        "\n  {:<10} {:>11} {:>9} {:>8} {:>8} {:>8}",
-        "language", "utterances", "hours", "corpus", "target", "early"
+        "\n  {:<10} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "language",
+        "utterances",
+        "hours",
+        "corpus",
+        "target",
+        "epoch",
+        "early",
+        "repeats",
+        "unused"
     );
     for l in &r.languages {
         let _ = writeln!(
             s,
-            "  {:<10} {:>11} {:>9.2} {:>7.1}% {:>7.1}% {:>7.1}%",
+            "  {:<10} {:>11} {:>9.2} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>8} {:>9}",
             l.language,
             l.utterances,
             l.hours,
             100.0 * l.corpus_share,
             100.0 * l.target_share,
-            100.0 * l.early_share
+            100.0 * l.epoch_share,
+            100.0 * l.early_share,
+            l.max_repeats,
+            l.unused
         );
     }
+    let note = if r.mode == "seed" {
+        "seed mode: every utterance is used once per epoch, so temperature changes the order,\n   \
+         not the mix (epoch = corpus minus truncation)"
+    } else {
+        "temperature mode: each language gets its target share of the epoch's draws, small\n   \
+         languages upsampled (repeats: uses of the most used utterance), large ones downsampled"
+    };
     let _ = writeln!(
         s,
-        "  (target: share after temperature; early: share in the first tenth of the steps; over a\n   \
-         whole epoch every utterance is used once, so temperature changes the order, not the mix)"
+        "  (target: share after temperature; epoch: share of the epoch's utterances, repeats\n   \
+         counted; early: share in the first tenth of the steps)\n  ({note})"
     );
     let _ = writeln!(s, "\n  padding: {:.1}% of audio samples", 100.0 * r.audio_padding_fraction);
     if let Some(t) = r.token_padding_fraction {

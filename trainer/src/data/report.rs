@@ -35,10 +35,17 @@ pub struct LanguageReport {
     pub corpus_share: f64,
     /// Share after temperature (`count^T`, normalised): what the weighting aims for.
     pub target_share: f64,
-    /// Share of utterances in the first tenth of the epoch's steps: what the weighted order
-    /// realises early on. Over a whole epoch every utterance is used once, so the epoch share
-    /// equals the corpus share minus what truncation drops.
+    /// Share of utterances in the first tenth of the epoch's steps.
     pub early_share: f64,
+    /// Share of the utterances the whole epoch uses (repeats counted): what the epoch realises.
+    /// In `seed` mode every utterance is used once, so it is the corpus share minus what
+    /// truncation drops; in `temperature` mode, the target share.
+    pub epoch_share: f64,
+    /// Uses of the language's most used utterance in the epoch (above 1: upsampled).
+    pub max_repeats: u64,
+    /// Of the language's utterances, how many the epoch does not use (downsampled, or dropped
+    /// by truncation).
+    pub unused: u64,
 }
 
 /// The batch with the highest cost.
@@ -59,6 +66,8 @@ pub struct LargestBatch {
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanReport {
+    /// Sampler mode.
+    pub mode: String,
     /// Epoch.
     pub epoch: u64,
     /// Ranks (of the first segment).
@@ -128,6 +137,8 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
     let early_steps = steps.div_ceil(10);
     let mut early_counts = vec![0u64; 1 << 16];
     let mut early_total = 0u64;
+    // Uses of each utterance over the epoch (saturating: a count is only ever compared).
+    let mut uses = vec![0u16; input.languages.len()];
     for step in 0..steps {
         let mut costs = Vec::with_capacity(w_max as usize);
         let world = plan.layout_at(step).map_or(0, |s| s.world_size);
@@ -139,6 +150,9 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
                 }
                 used[b as usize] = true;
                 c += plan.cost(b);
+                for &i in plan.batch(b) {
+                    uses[i as usize] = uses[i as usize].saturating_add(1);
+                }
                 if step < early_steps {
                     for &i in plan.batch(b) {
                         early_counts[input.languages[i as usize] as usize] += 1;
@@ -214,6 +228,7 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
     }
 
     PlanReport {
+        mode: config.mode.name().to_owned(),
         epoch: plan.epoch(),
         world_size: first.world_size,
         grad_accum: first.grad_accum,
@@ -226,7 +241,7 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
         dropped_utterances: dropped_utts,
         dropped_hours: dropped_secs / 3600.0,
         buckets,
-        languages: language_shares(input, config, &early_counts, early_total),
+        languages: language_shares(input, config, &early_counts, early_total, &uses),
         audio_padding_fraction: fraction(padded_audio - real_audio.min(padded_audio), padded_audio),
         token_padding_fraction: input
             .tokens
@@ -251,12 +266,22 @@ fn language_shares(
     config: &SamplerConfig,
     early_counts: &[u64],
     early_total: u64,
+    uses: &[u16],
 ) -> Vec<LanguageReport> {
     let (targets, counts) = target_shares(input.languages, config.temperature);
     let mut secs = vec![0.0f64; 1 << 16];
+    let mut epoch_counts = vec![0u64; 1 << 16];
+    let mut max_repeats = vec![0u64; 1 << 16];
+    let mut unused = vec![0u64; 1 << 16];
     for (i, &l) in input.languages.iter().enumerate() {
-        secs[l as usize] += input.durations.get(i);
+        let l = l as usize;
+        secs[l] += input.durations.get(i);
+        let u = u64::from(uses[i]);
+        epoch_counts[l] += u;
+        max_repeats[l] = max_repeats[l].max(u);
+        unused[l] += u64::from(u == 0);
     }
+    let epoch_total: u64 = epoch_counts.iter().sum();
     let present: Vec<usize> = (0..counts.len()).filter(|&l| counts[l] > 0).collect();
     let n = input.languages.len() as f64;
     let mut out: Vec<LanguageReport> = present
@@ -268,6 +293,9 @@ fn language_shares(
             corpus_share: counts[l] as f64 / n,
             target_share: targets[l],
             early_share: fraction(early_counts[l], early_total),
+            epoch_share: fraction(epoch_counts[l], epoch_total),
+            max_repeats: max_repeats[l],
+            unused: unused[l],
         })
         .collect();
     out.sort_by(|a, b| b.utterances.cmp(&a.utterances).then(a.language.cmp(&b.language)));

@@ -4,6 +4,16 @@
 //! On top of that: exact resume, re-dealing the rest of an epoch to a new world size, and a
 //! shortest-first curriculum.
 //!
+//! Two modes. `seed` is the Python sampler: every utterance once per epoch, in an order weighted
+//! by language temperature, so the epoch's language mix is the corpus's whatever the
+//! temperature. `temperature` (the default) realises the temperature's target shares: each
+//! epoch, each language gets a quota of draws in proportion to its target share (the epoch keeps
+//! the corpus's utterance count), taken from an endless sequence of permutations of that
+//! language's utterances (without replacement until the language is exhausted, then a fresh
+//! permutation: a small language is upsampled, a large one is downsampled and its next epoch
+//! continues where this one stopped); the draws are then bucketed, packed, cost-sorted, dealt and
+//! trimmed exactly as in `seed` mode.
+//!
 //! Pure computation over plain arrays of (duration, language): no corpus, no tensors.
 //!
 //! The plan of an epoch is a function of `(config, epoch, segments)`. Segment 0 starts at step 0
@@ -15,15 +25,47 @@
 use serde::{Deserialize, Serialize};
 
 use super::pyrandom::PyRandom;
+use crate::rng::{quota_seed, SplitMix64};
 
 /// Duration bucket boundaries of the Python sampler, in seconds.
 pub const DEFAULT_BOUNDARIES: [f64; 5] = [3.0, 5.0, 8.0, 12.0, 16.0];
 /// Marks an idle micro-batch slot: a rank with nothing to do at that slot after a re-deal.
 pub const IDLE: u32 = u32::MAX;
 
+/// How an epoch's utterances are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplerMode {
+    /// The Python sampler's: every utterance once per epoch, temperature weighting only the
+    /// order (same batches as the Python sampler for the same seed).
+    Seed,
+    /// Per-language quotas from the temperature's target shares, upsampling small languages and
+    /// downsampling large ones: the epoch's mix is the target mix.
+    #[default]
+    Temperature,
+}
+
+impl SamplerMode {
+    /// The mode a saved config without a `mode` key was made with: the only one there was.
+    fn before_modes() -> SamplerMode {
+        SamplerMode::Seed
+    }
+
+    /// The mode's name, as configs spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerMode::Seed => "seed",
+            SamplerMode::Temperature => "temperature",
+        }
+    }
+}
+
 /// Everything that shapes an epoch plan except the world size and gradient accumulation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplerConfig {
+    /// How the epoch's utterances are chosen.
+    #[serde(default = "SamplerMode::before_modes")]
+    pub mode: SamplerMode,
     /// Bucket boundaries in seconds, ascending; a duration equal to a boundary goes to the higher
     /// bucket (`bisect_right`).
     pub boundaries: Vec<f64>,
@@ -42,6 +84,7 @@ pub struct SamplerConfig {
 impl Default for SamplerConfig {
     fn default() -> SamplerConfig {
         SamplerConfig {
+            mode: SamplerMode::default(),
             boundaries: DEFAULT_BOUNDARIES.to_vec(),
             temperature: 0.3,
             max_batch_seconds: 90.0,
@@ -182,8 +225,17 @@ impl EpochPlan {
     ) -> Result<EpochPlan, PlanError> {
         check(&durations, languages, config, world_size, grad_accum)?;
         let mut rng = PyRandom::new(config.seed.wrapping_add(epoch));
-        let weights = language_weights(languages, config.temperature);
-        let packed = pack(&durations, languages, &weights, config, &mut rng);
+        let packed = match config.mode {
+            SamplerMode::Seed => {
+                let weights = language_weights(languages, config.temperature);
+                let weight = |i: usize| weights[languages[i] as usize];
+                pack(&durations, None, weight, config, &mut rng)
+            }
+            SamplerMode::Temperature => {
+                let draws = epoch_draws(languages, config, epoch);
+                pack(&durations, Some(draws), |_| 1.0, config, &mut rng)
+            }
+        };
 
         // Sort batches by cost, descending; the sort is stable, as Python's is. Batches stay
         // where packing put them: only the small per-batch arrays are reordered.
@@ -506,6 +558,86 @@ pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
     weights
 }
 
+/// Epoch `epoch`'s draws in `temperature` mode: utterance indices, grouped by language (in
+/// first-appearance order), as many as the corpus has utterances. Language `l` with `n` utterances
+/// gets a quota `q` of the draws in proportion to its target share (largest remainders, so the
+/// quotas sum to the utterance count); its draws for epoch `e` are positions `e q .. (e + 1) q`
+/// of the concatenation of permutations `0, 1, 2, ...` of its utterances, permutation `c` drawn
+/// from [`quota_seed`]`(seed, l, c)` (forward Fisher-Yates, drawn only as far as the epoch
+/// reaches). Cost: one pass over the languages, and per language the draws up to the end of the
+/// epoch's slice of each permutation it reaches into.
+pub fn epoch_draws(languages: &[u16], config: &SamplerConfig, epoch: u64) -> Vec<u32> {
+    let (shares, counts) = target_shares(languages, config.temperature);
+    let mut order: Vec<u16> = Vec::new();
+    let mut seen = vec![false; 1 << 16];
+    for &l in languages {
+        if !seen[l as usize] {
+            seen[l as usize] = true;
+            order.push(l);
+        }
+    }
+    let total = languages.len() as u64;
+    let quotas = quotas(&order, &shares, total);
+    // Utterances of each language, in index order (a counting sort).
+    let mut start = vec![0usize; (1 << 16) + 1];
+    for &l in languages {
+        start[l as usize + 1] += 1;
+    }
+    for k in 1..start.len() {
+        start[k] += start[k - 1];
+    }
+    let mut by_language = vec![0u32; languages.len()];
+    let mut fill = start.clone();
+    for (i, &l) in languages.iter().enumerate() {
+        by_language[fill[l as usize]] = i as u32;
+        fill[l as usize] += 1;
+    }
+    drop(fill);
+
+    let mut draws = Vec::with_capacity(languages.len());
+    let mut perm: Vec<u32> = Vec::new();
+    for (&l, &q) in order.iter().zip(&quotas) {
+        let members = &by_language[start[l as usize]..start[l as usize + 1]];
+        let n = counts[l as usize];
+        let (mut pos, end) = (epoch.saturating_mul(q), epoch.saturating_add(1).saturating_mul(q));
+        while pos < end {
+            let cycle = pos / n;
+            let from = (pos - cycle * n) as usize;
+            let to = (end.min((cycle + 1) * n) - cycle * n) as usize;
+            // Forward Fisher-Yates: after k steps the first k places hold the permutation's
+            // first k elements, so only the places up to `to` are drawn.
+            perm.clear();
+            perm.extend_from_slice(members);
+            let mut rng = SplitMix64::new(quota_seed(config.seed, l, cycle));
+            for k in 0..to {
+                let rest = (perm.len() - k) as u64;
+                // Lemire's multiply-shift: a uniform index below `rest` without a division.
+                let j = k + ((u128::from(rng.next_u64()) * u128::from(rest)) >> 64) as usize;
+                perm.swap(k, j);
+            }
+            draws.extend_from_slice(&perm[from..to]);
+            pos = (cycle + 1) * n;
+        }
+    }
+    draws
+}
+
+/// Draws per language for `total` draws: `total x share`, rounded down, the remaining draws to
+/// the largest fractional parts (ties to the earlier language).
+fn quotas(order: &[u16], shares: &[f64], total: u64) -> Vec<u64> {
+    let exact: Vec<f64> = order.iter().map(|&l| shares[l as usize] * total as f64).collect();
+    let mut q: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let left = total.saturating_sub(q.iter().sum());
+    let mut by_fraction: Vec<usize> = (0..order.len()).collect();
+    by_fraction.sort_by(|&a, &b| {
+        (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b))
+    });
+    for &k in by_fraction.iter().take(left as usize) {
+        q[k] += 1;
+    }
+    q
+}
+
 /// Batches in creation order, as packing makes them.
 struct Packed {
     /// Utterances grouped by bucket, each bucket in key order.
@@ -518,23 +650,25 @@ struct Packed {
     longest: Vec<f64>,
 }
 
-/// Buckets, orders and packs.
+/// Buckets, orders (by a random key weighted with `weight(utterance)`) and packs every utterance
+/// once, or with `draws`, the utterances drawn (an utterance drawn twice is packed twice).
 fn pack(
     durations: &Durations<'_>,
-    languages: &[u16],
-    weights: &[f64],
+    draws: Option<Vec<u32>>,
+    weight: impl Fn(usize) -> f64,
     config: &SamplerConfig,
     rng: &mut PyRandom,
 ) -> Packed {
-    let n = durations.len();
+    let n = draws.as_ref().map_or(durations.len(), Vec::len);
+    let id = |k: usize| draws.as_ref().map_or(k as u32, |d| d[k]);
     let nb = config.boundaries.len() + 1;
     let bucket_of = |d: f64| config.boundaries.partition_point(|&b| b <= d);
-    // Counting sort of utterances by bucket, index order kept inside each bucket.
+    // Counting sort of utterances by bucket, draw order kept inside each bucket.
     let mut counts = vec![0usize; nb];
     let mut first_seen: Vec<usize> = Vec::new();
     let mut b_of = Vec::with_capacity(n);
-    for i in 0..n {
-        let b = bucket_of(durations.get(i));
+    for k in 0..n {
+        let b = bucket_of(durations.get(id(k) as usize));
         if counts[b] == 0 {
             first_seen.push(b);
         }
@@ -547,11 +681,13 @@ fn pack(
     }
     let mut items = vec![0u32; n];
     let mut fill = start.clone();
-    for (i, &b) in b_of.iter().enumerate() {
-        items[fill[b as usize]] = i as u32;
+    for (k, &b) in b_of.iter().enumerate() {
+        items[fill[b as usize]] = id(k);
         fill[b as usize] += 1;
     }
     drop(b_of);
+    // `items` holds the draws now: their list is not needed during the packing's peak.
+    drop(draws);
 
     let mut batch_start = Vec::new();
     let mut batch_size = Vec::new();
@@ -568,7 +704,7 @@ fn pack(
         keyed.clear();
         keyed.reserve(region.len());
         for &i in &items[region.clone()] {
-            let w = weights[languages[i as usize] as usize].max(1e-12);
+            let w = weight(i as usize).max(1e-12);
             let key = rng.random().powf(1.0 / w);
             // Non-negative floats order like their bit patterns; (key, index) descending is
             // Python's `sort(reverse=True)` on (key, index) tuples.

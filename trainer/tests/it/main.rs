@@ -9,6 +9,7 @@ mod parity;
 mod plan_cli;
 mod resume;
 mod tdt;
+mod temperature;
 
 /// Durations and languages as the benchmarks use them.
 pub fn synthetic(n: usize, n_langs: u16, seed: u64, median: f64) -> (Vec<f64>, Vec<u16>) {

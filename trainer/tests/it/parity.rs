@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use asr_trainer::{Durations, EpochPlan, SamplerConfig};
+use asr_trainer::{Durations, EpochPlan, SamplerConfig, SamplerMode};
 
 use crate::synthetic;
 
@@ -53,6 +53,7 @@ fn plans_equal_the_python_samplers() {
         d[1] = 5.0;
         let seed = 17 + data_seed;
         let config = SamplerConfig {
+            mode: SamplerMode::Seed,
             boundaries: bounds.split(',').map(|x| x.parse().unwrap()).collect(),
             temperature,
             max_batch_seconds: max_secs,
