@@ -54,6 +54,16 @@ pub enum Command {
     #[command(after_help = "Examples:\n  asrc dump corpus.asrcorpus | head\n  \
                             asrc dump corpus.asrcorpus --start 100 --limit 10 --pcm-dir /tmp/pcm")]
     Dump(DumpArgs),
+    /// Re-tokenize a corpus with another SentencePiece model, copying its audio, transcripts,
+    /// languages and sources unchanged (nothing is decoded): a new vocabulary costs a read and a
+    /// write of the corpus instead of a compile.
+    ///
+    /// An utterance the new model cannot tokenize is left out and listed on stderr; the exit
+    /// status is 0 unless the input, the tokenizer or the output cannot be used (2).
+    #[command(after_help = "Examples:\n  \
+        asrc retokenize corpus.asrcorpus --tokenizer new.model -o corpus-new.asrcorpus\n  \
+        asrc retokenize corpus.asrcorpus --tokenizer nemo.model --lang-prefix never -o c2.asrcorpus")]
+    Retokenize(RetokenizeArgs),
 }
 
 /// Arguments of `asrc inspect`.
@@ -84,6 +94,27 @@ pub struct DumpArgs {
     /// Missing directories are created.
     #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
     pub pcm_dir: Option<PathBuf>,
+}
+
+/// Arguments of `asrc retokenize`.
+#[derive(Debug, Args)]
+pub struct RetokenizeArgs {
+    /// Corpus to read.
+    #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub corpus: PathBuf,
+    /// The new SentencePiece model.
+    #[arg(long, value_name = "MODEL", value_hint = ValueHint::FilePath)]
+    pub tokenizer: PathBuf,
+    /// Corpus to write (a new file; missing directories are created).
+    #[arg(short, long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub output: PathBuf,
+    /// Tokenize `<|lang|> text` or the text alone. `auto`: the prefix when the new model has
+    /// the tag as one piece.
+    #[arg(long, value_enum, default_value_t = crate::tokenize::LangPrefix::Auto)]
+    pub lang_prefix: crate::tokenize::LangPrefix,
+    /// Cut token sequences at this length.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
 }
 
 /// Arguments of `asrc validate`.

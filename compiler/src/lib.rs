@@ -19,6 +19,7 @@ mod lang;
 mod manifest;
 mod output;
 mod reason;
+mod retokenize;
 mod shards;
 mod text;
 mod tokenize;
@@ -52,6 +53,9 @@ pub use audio::decode::{
 
 // Resampling to the corpus rate.
 pub use audio::resample::{ResampleError, Resampler, TARGET_RATE};
+
+// Re-tokenizing a corpus without touching its audio.
+pub use retokenize::{retokenize, RetokenizeError, RetokenizeOptions, RetokenizeSummary};
 
 // SentencePiece tokenization and the `<|lang|>` prefix policy.
 pub use tokenize::{Encoded, LangPrefix, TokenizeError, Tokenizer};

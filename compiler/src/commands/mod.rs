@@ -3,6 +3,7 @@
 pub mod compile;
 pub mod dump;
 pub mod inspect;
+pub mod retokenize;
 pub mod validate;
 
 use std::path::Path;
@@ -18,6 +19,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Dump(args) => dump::run(args),
+        Command::Retokenize(args) => retokenize::run(args),
     };
     match result {
         Ok(code) => code,

@@ -10,6 +10,7 @@ mod inspect_dump;
 mod lang_rules;
 mod manifest;
 mod resample;
+mod retokenize;
 mod text_rules;
 mod tokenize;
 mod validate;
