@@ -137,6 +137,12 @@ pub fn quota_seed(seed: u64, language: u16, cycle: u64) -> u64 {
     )
 }
 
+/// The sort key of the `k`-th utterance of a language in the permutation seeded with `cycle_seed`
+/// (from [`quota_seed`]): the permutation is the order of these keys (ties broken by `k`).
+pub fn quota_key(cycle_seed: u64, k: u64) -> u32 {
+    (finalize(cycle_seed.wrapping_add(k.wrapping_add(1).wrapping_mul(GOLDEN))) >> 32) as u32
+}
+
 /// The seed of the permutation of a re-deal at optimizer step `step` of `epoch` (a 63-bit value:
 /// the permutation takes a Python-compatible seed).
 pub fn redeal_seed(seed: u64, epoch: u64, step: u64) -> u64 {

@@ -25,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::pyrandom::PyRandom;
-use crate::rng::{quota_seed, SplitMix64};
+use crate::rng::{quota_key, quota_seed};
 
 /// Duration bucket boundaries of the Python sampler, in seconds.
 pub const DEFAULT_BOUNDARIES: [f64; 5] = [3.0, 5.0, 8.0, 12.0, 16.0];
@@ -562,10 +562,11 @@ pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
 /// first-appearance order), as many as the corpus has utterances. Language `l` with `n` utterances
 /// gets a quota `q` of the draws in proportion to its target share (largest remainders, so the
 /// quotas sum to the utterance count); its draws for epoch `e` are positions `e q .. (e + 1) q`
-/// of the concatenation of permutations `0, 1, 2, ...` of its utterances, permutation `c` drawn
-/// from [`quota_seed`]`(seed, l, c)` (forward Fisher-Yates, drawn only as far as the epoch
-/// reaches). Cost: one pass over the languages, and per language the draws up to the end of the
-/// epoch's slice of each permutation it reaches into.
+/// of the concatenation of permutations `0, 1, 2, ...` of its utterances. Permutation `c` orders
+/// the language's `k`-th utterance by ([`quota_key`]`(`[`quota_seed`]`(seed, l, c), k)`, `k`);
+/// a slice of it is found by selection, not by sorting (the draws' order does not matter: packing
+/// orders them). Cost: per permutation the epoch reaches into, one key per utterance of the
+/// language and two linear-time selections, all sequential in memory.
 pub fn epoch_draws(languages: &[u16], config: &SamplerConfig, epoch: u64) -> Vec<u32> {
     let (shares, counts) = target_shares(languages, config.temperature);
     let mut order: Vec<u16> = Vec::new();
@@ -595,7 +596,7 @@ pub fn epoch_draws(languages: &[u16], config: &SamplerConfig, epoch: u64) -> Vec
     drop(fill);
 
     let mut draws = Vec::with_capacity(languages.len());
-    let mut perm: Vec<u32> = Vec::new();
+    let mut keys: Vec<u64> = Vec::new();
     for (&l, &q) in order.iter().zip(&quotas) {
         let members = &by_language[start[l as usize]..start[l as usize + 1]];
         let n = counts[l as usize];
@@ -604,18 +605,22 @@ pub fn epoch_draws(languages: &[u16], config: &SamplerConfig, epoch: u64) -> Vec
             let cycle = pos / n;
             let from = (pos - cycle * n) as usize;
             let to = (end.min((cycle + 1) * n) - cycle * n) as usize;
-            // Forward Fisher-Yates: after k steps the first k places hold the permutation's
-            // first k elements, so only the places up to `to` are drawn.
-            perm.clear();
-            perm.extend_from_slice(members);
-            let mut rng = SplitMix64::new(quota_seed(config.seed, l, cycle));
-            for k in 0..to {
-                let rest = (perm.len() - k) as u64;
-                // Lemire's multiply-shift: a uniform index below `rest` without a division.
-                let j = k + ((u128::from(rng.next_u64()) * u128::from(rest)) >> 64) as usize;
-                perm.swap(k, j);
+            // (key, position) packed in a u64: distinct, and ordered as the permutation is.
+            let cycle_seed = quota_seed(config.seed, l, cycle);
+            keys.clear();
+            keys.extend(
+                (0..members.len() as u64).map(|k| u64::from(quota_key(cycle_seed, k)) << 32 | k),
+            );
+            // The permutation's places `from..to`: the `to` smallest keys, less the `from`
+            // smallest of those.
+            if to < keys.len() {
+                keys.select_nth_unstable(to);
+                keys.truncate(to);
             }
-            draws.extend_from_slice(&perm[from..to]);
+            if from > 0 {
+                keys.select_nth_unstable(from);
+            }
+            draws.extend(keys[from..].iter().map(|&x| members[(x & 0xFFFF_FFFF) as usize]));
             pos = (cycle + 1) * n;
         }
     }
