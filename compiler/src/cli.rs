@@ -64,6 +64,16 @@ pub enum Command {
         asrc retokenize corpus.asrcorpus --tokenizer new.model -o corpus-new.asrcorpus\n  \
         asrc retokenize corpus.asrcorpus --tokenizer nemo.model --lang-prefix never -o c2.asrcorpus")]
     Retokenize(RetokenizeArgs),
+    /// Decode FLAC files as `asrc compile` does and say what it would do with each: the
+    /// stream's format and length, and the reject reason if it would drop the file; with --md5,
+    /// the MD5 of the decoded samples (before any downmix or resampling: what STREAMINFO's MD5
+    /// and `flac -d` cover).
+    ///
+    /// Exit status: 0 when every file would be kept, 1 when one would be rejected, 2 on bad
+    /// usage.
+    #[command(after_help = "Examples:\n  asrc probe a.flac b.flac --md5\n  \
+                            asrc probe --json --decoder symphonia audio/*.flac")]
+    Probe(ProbeArgs),
 }
 
 /// Arguments of `asrc inspect`.
@@ -94,6 +104,23 @@ pub struct DumpArgs {
     /// Missing directories are created.
     #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
     pub pcm_dir: Option<PathBuf>,
+}
+
+/// Arguments of `asrc probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// FLAC files.
+    #[arg(value_name = "FILE", required = true, value_hint = ValueHint::FilePath)]
+    pub files: Vec<PathBuf>,
+    /// Also print the MD5 of the decoded samples.
+    #[arg(long)]
+    pub md5: bool,
+    /// One JSON object per file instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// FLAC decoder (as `asrc compile --decoder`).
+    #[arg(long, value_enum, default_value_t = crate::audio::decode::Decoder::Libflac)]
+    pub decoder: crate::audio::decode::Decoder,
 }
 
 /// Arguments of `asrc retokenize`.

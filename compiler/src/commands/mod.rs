@@ -3,6 +3,7 @@
 pub mod compile;
 pub mod dump;
 pub mod inspect;
+pub mod probe;
 pub mod retokenize;
 pub mod validate;
 
@@ -20,6 +21,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Command::Inspect(args) => inspect::run(args),
         Command::Dump(args) => dump::run(args),
         Command::Retokenize(args) => retokenize::run(args),
+        Command::Probe(args) => probe::run(args),
     };
     match result {
         Ok(code) => code,

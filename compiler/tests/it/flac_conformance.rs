@@ -321,3 +321,32 @@ fn a_wrong_md5_rejects_the_file_unless_the_check_is_off() {
         assert!(!pcm.md5_checked);
     }
 }
+
+#[test]
+fn asrc_probe_reports_the_md5_metaflac_reads_and_the_reject_reason() {
+    let files = ["valid/s43-8ch.cut.flac", "valid/u05-32bit.cut.flac", "valid/s62-overflow20.flac"];
+    let paths: Vec<String> =
+        files.iter().map(|f| bench_dir().join(f).display().to_string()).collect();
+    let mut args = vec!["probe", "--md5", "--json"];
+    args.extend(paths.iter().map(String::as_str));
+    let o = crate::asrc(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), files.len());
+    for (line, path) in lines.iter().zip(&paths) {
+        let meta = Command::new("metaflac").args(["--show-md5sum", path]).output().unwrap();
+        let recorded = String::from_utf8(meta.stdout).unwrap().trim().to_owned();
+        assert_eq!(line["md5"], recorded.as_str(), "{path}");
+        assert_eq!(line["kept"], true);
+        assert_eq!(line["md5_checked"], true);
+    }
+    let bad = bench_dir().join("valid/u02-ch-increase.cut.flac").display().to_string();
+    let o = crate::asrc(&["probe", &paths[0], &bad]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("rejected, format_change: the channel count changes"), "{text}");
+}
