@@ -74,6 +74,17 @@ pub enum Command {
     #[command(after_help = "Examples:\n  asrc probe a.flac b.flac --md5\n  \
                             asrc probe --json --decoder symphonia audio/*.flac")]
     Probe(ProbeArgs),
+    /// Join the parts of a compile (`asrc compile --part I/N`, one per array task) into the
+    /// corpus one compile of the whole input writes, byte for byte: parts in order, and an
+    /// utterance whose audio repeats an earlier part's dropped (first part wins).
+    ///
+    /// Refused, with nothing written, when a part is missing, two files are the same part, or
+    /// the files come from different compiles (tokenizer, format or parameters differ).
+    #[command(after_help = "Examples:\n  \
+        sbatch --array=0-15 --wrap 'asrc compile m.parquet --tokenizer spm.model \\\n      \
+        --part $SLURM_ARRAY_TASK_ID/16 -o parts/p$SLURM_ARRAY_TASK_ID.asrcorpus'\n  \
+        asrc merge parts/p*.asrcorpus -o corpus.asrcorpus")]
+    Merge(MergeArgs),
 }
 
 /// Arguments of `asrc inspect`.
@@ -121,6 +132,17 @@ pub struct ProbeArgs {
     /// FLAC decoder (as `asrc compile --decoder`).
     #[arg(long, value_enum, default_value_t = crate::audio::decode::Decoder::Libflac)]
     pub decoder: crate::audio::decode::Decoder,
+}
+
+/// Arguments of `asrc merge`.
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The parts, in any order.
+    #[arg(value_name = "PART", required = true, value_hint = ValueHint::FilePath)]
+    pub parts: Vec<PathBuf>,
+    /// Corpus to write (missing directories are created).
+    #[arg(short, long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
+    pub output: PathBuf,
 }
 
 /// Arguments of `asrc retokenize`.
@@ -226,6 +248,11 @@ pub struct CompileArgs {
     /// symphonia (pure Rust, up to 24 bits, MD5 checked; fails some valid streams).
     #[arg(long, value_enum, default_value_t = crate::audio::decode::Decoder::Libflac)]
     pub decoder: crate::audio::decode::Decoder,
+    /// Compile only part I of N (0-based, e.g. 3/16): a contiguous range of the input's rows,
+    /// deduplicated against the rows before it, for a Slurm array; `asrc merge` joins the parts
+    /// into the corpus one compile would have written.
+    #[arg(long, value_name = "I/N", value_parser = parse_part)]
+    pub part: Option<(u32, u32)>,
     /// Do not check decoded samples against the MD5 the FLAC header records (about a third of
     /// the decoding time; frame CRCs still catch damaged files, but not a wrong decode).
     #[arg(long)]
@@ -249,4 +276,18 @@ pub struct CompileArgs {
     /// No progress bar.
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// `I/N` with `I < N`.
+fn parse_part(s: &str) -> Result<(u32, u32), String> {
+    let (i, n) = s.split_once('/').ok_or_else(|| format!("{s:?}: expected I/N, e.g. 0/8"))?;
+    let parse = |x: &str| x.trim().parse::<u32>().map_err(|e| format!("{s:?}: {x:?}: {e}"));
+    let (i, n) = (parse(i)?, parse(n)?);
+    if i >= n {
+        return Err(format!(
+            "{s:?}: the part I must be below N (parts 0/{n} to {}/{n})",
+            n.max(1) - 1
+        ));
+    }
+    Ok((i, n))
 }

@@ -17,8 +17,10 @@ mod compile;
 mod dedup;
 mod lang;
 mod manifest;
+mod merge;
 mod output;
 mod reason;
+mod records;
 mod retokenize;
 mod shards;
 mod text;
@@ -53,6 +55,9 @@ pub use audio::decode::{
 
 // Resampling to the corpus rate.
 pub use audio::resample::{ResampleError, Resampler, TARGET_RATE};
+
+// Joining the parts of a compile (`--part I/N`).
+pub use merge::{merge, MergeError, MergeSummary};
 
 // Re-tokenizing a corpus without touching its audio.
 pub use retokenize::{retokenize, RetokenizeError, RetokenizeOptions, RetokenizeSummary};

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use asr_corpus::{Corpus, CorpusWriter, FormatError, UtteranceIn, WriteError, WriterOptions};
 
+use crate::records::for_each_record;
 use crate::tokenize::{LangPrefix, TokenizeError, Tokenizer};
 
 /// What to re-tokenize, with what, and where to.
@@ -104,51 +105,36 @@ pub fn retokenize(opts: &RetokenizeOptions) -> Result<RetokenizeSummary, Retoken
     let mut writer = CorpusWriter::create(&opts.output, wopts).map_err(output_err)?;
 
     let mut summary = RetokenizeSummary { utterances: corpus.len() as u64, ..Default::default() };
-    for b in 0..corpus.text_block_count() {
-        let block = corpus.text_block(b).map_err(input_err)?;
-        let first = block.first_utterance() as usize;
-        for j in 0..block.len() {
-            let i = first + j;
-            let record = block.get(j).ok_or_else(|| {
-                input_err(FormatError::TextBlock {
-                    block: b as u64,
-                    first: first as u64,
-                    message: format!("has no record for utterance {i}"),
-                })
-            })?;
-            let language = corpus.language_code(i);
-            let encoded =
-                match tokenizer.encode(language, record.text, opts.lang_prefix, opts.max_tokens) {
-                    Ok(e) if !e.ids.is_empty() => e,
-                    Ok(_) => {
-                        let why = "the new model gives no tokens".to_owned();
-                        summary.dropped.push((i as u64, record.segment_id.to_owned(), why));
-                        continue;
-                    }
-                    Err(e) => {
-                        summary.dropped.push((
-                            i as u64,
-                            record.segment_id.to_owned(),
-                            e.to_string(),
-                        ));
-                        continue;
-                    }
-                };
-            summary.truncated += u64::from(encoded.truncated);
-            summary.prefixed += u64::from(encoded.prefixed);
-            writer
-                .push(&UtteranceIn {
-                    segment_id: record.segment_id,
-                    text: record.text,
-                    language,
-                    source: corpus.source_name(i),
-                    pcm: corpus.pcm(i),
-                    tokens: &encoded.ids,
-                })
-                .map_err(output_err)?;
-            summary.kept += 1;
-        }
-    }
+    for_each_record(&corpus, input_err, |i, record| {
+        let language = corpus.language_code(i);
+        let encoded =
+            match tokenizer.encode(language, record.text, opts.lang_prefix, opts.max_tokens) {
+                Ok(e) if !e.ids.is_empty() => e,
+                Ok(_) => {
+                    let why = "the new model gives no tokens".to_owned();
+                    summary.dropped.push((i as u64, record.segment_id.to_owned(), why));
+                    return Ok(());
+                }
+                Err(e) => {
+                    summary.dropped.push((i as u64, record.segment_id.to_owned(), e.to_string()));
+                    return Ok(());
+                }
+            };
+        summary.truncated += u64::from(encoded.truncated);
+        summary.prefixed += u64::from(encoded.prefixed);
+        writer
+            .push(&UtteranceIn {
+                segment_id: record.segment_id,
+                text: record.text,
+                language,
+                source: corpus.source_name(i),
+                pcm: corpus.pcm(i),
+                tokens: &encoded.ids,
+            })
+            .map_err(output_err)?;
+        summary.kept += 1;
+        Ok(())
+    })?;
     let written = writer.finish().map_err(output_err)?;
     summary.bytes = written.bytes;
     Ok(summary)

@@ -36,6 +36,7 @@ fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
     o.retag = !args.no_retag;
     o.decoder = args.decoder;
     o.verify_md5 = !args.no_md5_check;
+    o.part = args.part;
     o.chunk_rows = args.chunk_rows.max(1);
     if let Some(j) = args.jobs {
         o.jobs = j;

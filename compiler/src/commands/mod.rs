@@ -3,6 +3,7 @@
 pub mod compile;
 pub mod dump;
 pub mod inspect;
+pub mod merge;
 pub mod probe;
 pub mod retokenize;
 pub mod validate;
@@ -22,6 +23,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Command::Dump(args) => dump::run(args),
         Command::Retokenize(args) => retokenize::run(args),
         Command::Probe(args) => probe::run(args),
+        Command::Merge(args) => merge::run(args),
     };
     match result {
         Ok(code) => code,

@@ -55,6 +55,9 @@ pub struct CompileOptions {
     pub decoder: Decoder,
     /// Whether decoded samples are checked against STREAMINFO's MD5.
     pub verify_md5: bool,
+    /// Compile only part `I` of `N` (0-based): rows `I R / N .. (I + 1) R / N` of the `R` input
+    /// rows, deduplicated against the rows before them; `asrc merge` joins the parts.
+    pub part: Option<(u32, u32)>,
     /// Rows per chunk.
     pub chunk_rows: usize,
     /// Worker threads.
@@ -90,6 +93,7 @@ impl CompileOptions {
             retag: true,
             decoder: Decoder::default(),
             verify_md5: true,
+            part: None,
             chunk_rows: 256,
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             entries_path,
@@ -104,6 +108,14 @@ impl CompileOptions {
         }
         if self.max_tokens == 0 {
             return Err(CompileError::Options("--max-tokens must be at least 1".into()));
+        }
+        if let Some((i, n)) = self.part {
+            if n == 0 || i >= n {
+                return Err(CompileError::Options(format!(
+                    "--part {i}/{n}: the part must be below the part count (0/{n} .. {}/{n})",
+                    n.saturating_sub(1)
+                )));
+            }
         }
         if matches!(self.input, Input::Manifest(_)) && self.min_quality.is_some() {
             return Err(CompileError::Options(
@@ -133,6 +145,8 @@ impl CompileOptions {
             retag: bool,
             decoder: &'a str,
             verify_md5: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            part: Option<String>,
             resampler: &'a str,
         }
         // Names only, no directories: the same input compiled from elsewhere gives the same
@@ -157,6 +171,7 @@ impl CompileOptions {
             retag: self.retag,
             decoder: self.decoder.name(),
             verify_md5: self.verify_md5,
+            part: self.part.map(|(i, n)| format!("{i}/{n}")),
             resampler:
                 "Kaiser-windowed sinc by FFT, flat to 0.925 B, 110 dB from 0.99 B, to 16 kHz",
         };

@@ -224,6 +224,12 @@ pub fn compile(
         rows_total: source.rows(),
         stage: StageSeconds { read_input: opened, ..StageSeconds::default() },
     };
+    // With --part, the rows of this part; earlier rows only feed deduplication.
+    let part_range = opts.part.map(|(i, n)| {
+        let total = source.rows();
+        let at = |k: u32| total * u64::from(k) / u64::from(n);
+        at(i)..at(i + 1)
+    });
     let mut previous: Option<Processed> = None;
     loop {
         let t = Instant::now();
@@ -232,11 +238,19 @@ pub fn compile(
         if chunk.is_empty() {
             break;
         }
-        let n = chunk.len() as u64;
+        let mut n = 0u64;
         let t = Instant::now();
         let mut ready = Vec::with_capacity(chunk.len());
         let mut stage1_entries = Vec::new();
         for row in chunk {
+            match part_range.as_ref().map(|r| (row.row < r.start, row.row >= r.end)) {
+                Some((true, _)) => {
+                    rows.remember(&row);
+                    continue;
+                }
+                Some((_, true)) => continue,
+                _ => n += 1,
+            }
             if let Some((label, hours)) = claimed_hours(&row) {
                 *w.summary.hours_before.entry(label).or_default() += hours;
             }

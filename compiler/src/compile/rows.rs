@@ -56,6 +56,17 @@ impl Rows<'_> {
         Rows { opts, audio_base, dedup: Deduper::new() }
     }
 
+    /// Records a row of an earlier part (`--part`) for row and segment-id deduplication, as
+    /// [`Rows::prepare`] would, without preparing it: a later part then drops what one compile
+    /// of the whole input would.
+    pub(super) fn remember(&mut self, row: &ManifestRow) {
+        if let Some(segment_id) = row.segment_id.as_deref().filter(|s| !s.is_empty()) {
+            let fields = row.fields();
+            let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
+            self.dedup.check_row(row.row, segment_id, &field_refs);
+        }
+    }
+
     /// Stage 1 for one row, in input order: the row ready for its audio, or its drop entry.
     pub(super) fn prepare(&mut self, row: ManifestRow) -> Result<Kept, Box<Entry>> {
         let drop = |row: &ManifestRow, reason: Reason, detail: String| {

@@ -9,6 +9,7 @@ mod flac_conformance;
 mod inspect_dump;
 mod lang_rules;
 mod manifest;
+mod merge;
 mod resample;
 mod retokenize;
 mod text_rules;
