@@ -7,6 +7,10 @@
 //! them) equals an earlier part's kept utterance is dropped, first part wins, exactly as one
 //! compile's stage 3 would have. Utterances keep their order, part after part, and go through the
 //! same writer with the same parameters, so the merged file is byte for byte the single compile's.
+//!
+//! The parts' reports are merged too: counts and hours summed (each part counted only its own
+//! rows), the drops across parts added, the entries concatenated in part order (row order) with
+//! the cross-part drops at the end (naming their part: the corpus does not keep manifest rows).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -45,6 +49,17 @@ pub enum MergeError {
     /// The files are not the parts of one compile.
     #[error("{0}")]
     Parts(String),
+    /// A part's report (`<part>.report.json` / `.report.jsonl`) cannot be read, or the merged
+    /// one written.
+    #[error("{action} {path}: {message}")]
+    Report {
+        /// What was being done.
+        action: &'static str,
+        /// The report file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// The output cannot be written.
     #[error("writing {path}: {source}")]
     Output {
@@ -124,6 +139,26 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
         }
     }
 
+    // The parts' reports, read before anything is written.
+    let mut reports = Vec::with_capacity(opened.len());
+    for (_, path, _) in &opened {
+        let (json, jsonl) = crate::compile::report_paths(path);
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|e| MergeError::Report {
+                action: "reading the part's report",
+                path: p.to_owned(),
+                message: e.to_string(),
+            })
+        };
+        let summary: serde_json::Value =
+            serde_json::from_str(&read(&json)?).map_err(|e| MergeError::Report {
+                action: "reading the part's report",
+                path: json.clone(),
+                message: e.to_string(),
+            })?;
+        reports.push((summary, read(&jsonl)?));
+    }
+
     let info = &first.metadata().tokenizer;
     let mut wopts =
         WriterOptions::new(info.vocab_size, &info.kind, first.tokenizer_model().to_vec());
@@ -142,7 +177,9 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
     let mut writer = CorpusWriter::create(output, wopts).map_err(output_err)?;
     let mut summary = MergeSummary { parts: n, ..Default::default() };
     let mut seen: HashMap<(u64, u32), String> = HashMap::new();
-    for (_, path, c) in &opened {
+    let mut dropped_hours: Vec<(String, f64)> = Vec::new();
+    let mut drop_entries = String::new();
+    for (part, path, c) in &opened {
         let input_err = |source| MergeError::Input { path: (*path).clone(), source };
         for_each_record(c, input_err, |i, record| {
             summary.utterances += 1;
@@ -151,6 +188,18 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
                 // Within a part the compile already dropped duplicates; this one repeats an
                 // earlier part's.
                 summary.duplicate_audio.push((record.segment_id.to_owned(), first_id.clone()));
+                let hours =
+                    f64::from(c.num_samples()[i]) / f64::from(c.header().sample_rate) / 3600.0;
+                dropped_hours.push((c.language_code(i).to_owned(), hours));
+                let entry = serde_json::json!({
+                    "segment_id": record.segment_id,
+                    "kind": "dropped",
+                    "reason": "duplicate_audio",
+                    "detail": format!("decoded audio identical to segment {first_id:?}'s"),
+                    "part": part,
+                });
+                drop_entries.push_str(&entry.to_string());
+                drop_entries.push('\n');
                 return Ok(());
             }
             let tokens = c.tokens(i).to_vec();
@@ -170,7 +219,99 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
         })?;
     }
     summary.bytes = writer.finish().map_err(output_err)?.bytes;
+    write_report(output, &reports, &summary, &dropped_hours, &drop_entries)?;
     Ok(summary)
+}
+
+/// The merged `<output>.report.json` and `.report.jsonl`.
+fn write_report(
+    output: &Path,
+    reports: &[(serde_json::Value, String)],
+    summary: &MergeSummary,
+    dropped_hours: &[(String, f64)],
+    drop_entries: &str,
+) -> Result<(), MergeError> {
+    use serde_json::Value;
+    let (json_path, jsonl_path) = crate::compile::report_paths(output);
+    let mut merged = Value::Null;
+    for (r, _) in reports {
+        merged = if merged.is_null() { r.clone() } else { sum(&merged, r) };
+    }
+    let d = summary.duplicate_audio.len() as f64;
+    let add = |v: &mut Value, key: &str, x: f64| {
+        let now = v.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+        v[key] = number(now + x);
+    };
+    add(&mut merged, "kept", -d);
+    add(&mut merged, "dropped", d);
+    if !merged["dropped_by_reason"].is_object() {
+        merged["dropped_by_reason"] = Value::Object(Default::default());
+    }
+    if d > 0.0 {
+        add(&mut merged["dropped_by_reason"], "duplicate_audio", d);
+    }
+    for (lang, h) in dropped_hours {
+        add(&mut merged["hours_after"], lang, -h);
+    }
+    // What does not add up across parts: the merged file's own, the first part's input, the
+    // jobs of one part; the real-time factors over the summed wall time.
+    merged["output"] = output.display().to_string().into();
+    merged["entries_file"] = jsonl_path.display().to_string().into();
+    merged["corpus_bytes"] = summary.bytes.into();
+    merged["input"] = reports.first().map_or(Value::Null, |r| r.0["input"].clone());
+    merged["jobs"] = reports.first().map_or(Value::Null, |r| r.0["jobs"].clone());
+    let wall = merged["wall_seconds"].as_f64().unwrap_or(0.0);
+    let audio = merged["decoded_hours"].as_f64().unwrap_or(0.0) * 3600.0;
+    let jobs = merged["jobs"].as_f64().unwrap_or(1.0).max(1.0);
+    merged["realtime_factor"] = number(audio / wall.max(1e-9));
+    merged["realtime_factor_per_job"] = number(audio / wall.max(1e-9) / jobs);
+    merged["parts"] = (reports.len() as u64).into();
+    let write = |p: &Path, text: &str| {
+        std::fs::write(p, text).map_err(|e| MergeError::Report {
+            action: "writing the merged report",
+            path: p.to_owned(),
+            message: e.to_string(),
+        })
+    };
+    let mut lines: String = reports.iter().map(|r| r.1.as_str()).collect();
+    lines.push_str(drop_entries);
+    write(&jsonl_path, &lines)?;
+    let text = serde_json::to_string_pretty(&merged)
+        .expect("a JSON value built from parsed JSON serializes");
+    write(&json_path, &(text + "\n"))
+}
+
+/// `a + b` member by member: numbers added (integers stay integers), objects merged, anything
+/// else taken from `a`.
+fn sum(a: &serde_json::Value, b: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_u64(), y.as_u64()) {
+            (Some(x), Some(y)) => (x + y).into(),
+            _ => number(x.as_f64().unwrap_or(0.0) + y.as_f64().unwrap_or(0.0)),
+        },
+        (Value::Object(x), Value::Object(y)) => {
+            let mut out = x.clone();
+            for (k, v) in y {
+                let merged = match x.get(k) {
+                    Some(w) => sum(w, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        _ => a.clone(),
+    }
+}
+
+/// A JSON number: an integer when `x` is a whole non-negative number, else a float.
+fn number(x: f64) -> serde_json::Value {
+    if x >= 0.0 && x.fract() == 0.0 && x < 9.0e15 {
+        (x as u64).into()
+    } else {
+        serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+    }
 }
 
 /// `(I, N)` from a part's `metadata.compile.part` ("I/N").

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
 use crate::asrc;
 
 fn example(file: &str) -> String {
@@ -64,7 +66,50 @@ fn merged_parts_are_the_single_compile_byte_for_byte() {
         let o = merge(&ps, &out);
         assert!(o.status.success(), "{n} parts: {}", String::from_utf8_lossy(&o.stderr));
         assert!(std::fs::read(&out).unwrap() == want, "{n} parts: the merged corpus differs");
+        same_report(&whole, &out, n);
     }
+}
+
+/// The merged report counts what one compile's does, and lists the same rows for the same
+/// reasons.
+fn same_report(whole: &Path, merged: &Path, n: u32) {
+    let read =
+        |p: &Path, ext: &str| std::fs::read_to_string(format!("{}{ext}", p.display())).unwrap();
+    let a: Value = serde_json::from_str(&read(whole, ".report.json")).unwrap();
+    let b: Value = serde_json::from_str(&read(merged, ".report.json")).unwrap();
+    for key in [
+        "rows",
+        "kept",
+        "dropped",
+        "retagged",
+        "truncated",
+        "dropped_by_reason",
+        "flagged_by_reason",
+        "retags",
+        "retags_by_method",
+    ] {
+        assert_eq!(a[key], b[key], "{n} parts: {key}");
+    }
+    for key in ["hours_before", "hours_after"] {
+        let (x, y) = (a[key].as_object().unwrap(), b[key].as_object().unwrap());
+        assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{n} parts: {key}");
+        for (k, v) in x {
+            let d = v.as_f64().unwrap() - y[k].as_f64().unwrap();
+            assert!(d.abs() < 1e-9, "{n} parts: {key}.{k}: {v} vs {}", y[k]);
+        }
+    }
+    let d = a["decoded_hours"].as_f64().unwrap() - b["decoded_hours"].as_f64().unwrap();
+    assert!(d.abs() < 1e-9, "{n} parts: decoded_hours");
+    let entries = |p: &Path| {
+        let mut v: Vec<(String, String)> = read(p, ".report.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|e| (e["segment_id"].to_string(), e["reason"].to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(entries(whole), entries(merged), "{n} parts: report entries");
 }
 
 #[test]
