@@ -12,12 +12,12 @@
 //! rows), the drops across parts added, the entries concatenated in part order (row order) with
 //! the cross-part drops at the end (naming their part: the corpus does not keep manifest rows).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use asr_corpus::{Corpus, CorpusWriter, FormatError, UtteranceIn, WriteError, WriterOptions};
+use asr_corpus::{Corpus, FormatError, WriteError, WriterOptions};
 
-use crate::records::for_each_record;
+use crate::dedup::Deduper;
+use crate::records::{create_writer, for_each_record, utterance};
 
 /// What a merge did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,8 +28,8 @@ pub struct MergeSummary {
     pub utterances: u64,
     /// Utterances written.
     pub kept: u64,
-    /// Dropped as `duplicate_audio` of an earlier part's utterance: (segment id, the first
-    /// occurrence's segment id).
+    /// Dropped as `duplicate_audio` of an earlier part's utterance: (segment id, the report's
+    /// detail naming the first occurrence).
     pub duplicate_audio: Vec<(String, String)>,
     /// Bytes written.
     pub bytes: u64,
@@ -165,56 +165,39 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
     wopts.text_block_size = first.header().text_block_size;
     wopts.compile = params;
     let output_err = |source| MergeError::Output { path: output.to_owned(), source };
-    if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| {
-            output_err(WriteError::Io {
-                action: "creating the directory",
-                path: parent.into(),
-                source,
-            })
-        })?;
-    }
-    let mut writer = CorpusWriter::create(output, wopts).map_err(output_err)?;
+    let mut writer = create_writer(output, wopts).map_err(output_err)?;
     let mut summary = MergeSummary { parts: n, ..Default::default() };
-    let mut seen: HashMap<(u64, u32), String> = HashMap::new();
+    let mut dedup = Deduper::new();
     let mut dropped_hours: Vec<(String, f64)> = Vec::new();
     let mut drop_entries = String::new();
     for (part, path, c) in &opened {
         let input_err = |source| MergeError::Input { path: (*path).clone(), source };
         for_each_record(c, input_err, |i, record| {
             summary.utterances += 1;
-            let key = (c.audio_hashes()[i], c.num_samples()[i]);
-            if let Some(first_id) = seen.get(&key) {
-                // Within a part the compile already dropped duplicates; this one repeats an
-                // earlier part's.
-                summary.duplicate_audio.push((record.segment_id.to_owned(), first_id.clone()));
-                let hours =
-                    f64::from(c.num_samples()[i]) / f64::from(c.header().sample_rate) / 3600.0;
+            // Stage 3's rule, with one compile's deduper: within a part the compile already
+            // dropped duplicates, so what it finds repeats an earlier part's utterance.
+            let samples = c.num_samples()[i];
+            if let Some(dup) =
+                dedup.check_audio(record.segment_id, c.audio_hashes()[i], samples as usize)
+            {
+                let detail = dup.detail();
+                let hours = f64::from(samples) / f64::from(c.header().sample_rate) / 3600.0;
                 dropped_hours.push((c.language_code(i).to_owned(), hours));
                 let entry = serde_json::json!({
                     "segment_id": record.segment_id,
                     "kind": "dropped",
-                    "reason": "duplicate_audio",
-                    "detail": format!("decoded audio identical to segment {first_id:?}'s"),
+                    "reason": dup.reason(),
+                    "detail": detail,
                     "part": part,
                 });
                 drop_entries.push_str(&entry.to_string());
                 drop_entries.push('\n');
+                summary.duplicate_audio.push((record.segment_id.to_owned(), detail));
                 return Ok(());
             }
             let tokens = c.tokens(i).to_vec();
-            writer
-                .push(&UtteranceIn {
-                    segment_id: record.segment_id,
-                    text: record.text,
-                    language: c.language_code(i),
-                    source: c.source_name(i),
-                    pcm: c.pcm(i),
-                    tokens: &tokens,
-                })
-                .map_err(output_err)?;
+            writer.push(&utterance(c, i, &record, &tokens)).map_err(output_err)?;
             summary.kept += 1;
-            seen.insert(key, record.segment_id.to_owned());
             Ok(())
         })?;
     }

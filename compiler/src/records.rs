@@ -1,6 +1,11 @@
-//! Walking a corpus's text records in utterance order (for the commands that rewrite a corpus).
+//! What the commands that rewrite a corpus (`asrc merge`, `asrc retokenize`) share: walking its
+//! text records in utterance order, copying an utterance, and creating the output.
 
-use asr_corpus::{Corpus, FormatError, TextRecord};
+use std::path::Path;
+
+use asr_corpus::{
+    Corpus, CorpusWriter, FormatError, TextRecord, UtteranceIn, WriteError, WriterOptions,
+};
 
 /// Calls `f(i, record)` for every utterance `i` in order, decompressing each text block once.
 /// A block that cannot be read becomes `input_err`'s error; `f`'s errors are returned as they are.
@@ -24,4 +29,34 @@ pub(crate) fn for_each_record<E>(
         }
     }
     Ok(())
+}
+
+/// Utterance `i` of `corpus` (its `record`) as the writer takes it, with `tokens`.
+pub(crate) fn utterance<'a>(
+    corpus: &'a Corpus,
+    i: usize,
+    record: &TextRecord<'a>,
+    tokens: &'a [u32],
+) -> UtteranceIn<'a> {
+    UtteranceIn {
+        segment_id: record.segment_id,
+        text: record.text,
+        language: corpus.language_code(i),
+        source: corpus.source_name(i),
+        pcm: corpus.pcm(i),
+        tokens,
+    }
+}
+
+/// A writer for `output`, the missing directories above it created first.
+pub(crate) fn create_writer(
+    output: &Path,
+    opts: WriterOptions,
+) -> Result<CorpusWriter, WriteError> {
+    crate::output::create_parent(output).map_err(|(path, source)| WriteError::Io {
+        action: "creating the directory",
+        path,
+        source,
+    })?;
+    CorpusWriter::create(output, opts)
 }

@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use asr_corpus::{Corpus, CorpusWriter, FormatError, UtteranceIn, WriteError, WriterOptions};
+use asr_corpus::{Corpus, FormatError, WriteError, WriterOptions};
 
-use crate::records::for_each_record;
+use crate::records::{create_writer, for_each_record, utterance};
 use crate::tokenize::{LangPrefix, TokenizeError, Tokenizer};
 
 /// What to re-tokenize, with what, and where to.
@@ -93,16 +93,7 @@ pub fn retokenize(opts: &RetokenizeOptions) -> Result<RetokenizeSummary, Retoken
     );
     wopts.text_block_size = corpus.header().text_block_size;
     wopts.compile = params(&corpus, opts);
-    if let Some(parent) = opts.output.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| {
-            output_err(WriteError::Io {
-                action: "creating the directory",
-                path: parent.to_owned(),
-                source,
-            })
-        })?;
-    }
-    let mut writer = CorpusWriter::create(&opts.output, wopts).map_err(output_err)?;
+    let mut writer = create_writer(&opts.output, wopts).map_err(output_err)?;
 
     let mut summary = RetokenizeSummary { utterances: corpus.len() as u64, ..Default::default() };
     for_each_record(&corpus, input_err, |i, record| {
@@ -122,16 +113,7 @@ pub fn retokenize(opts: &RetokenizeOptions) -> Result<RetokenizeSummary, Retoken
             };
         summary.truncated += u64::from(encoded.truncated);
         summary.prefixed += u64::from(encoded.prefixed);
-        writer
-            .push(&UtteranceIn {
-                segment_id: record.segment_id,
-                text: record.text,
-                language,
-                source: corpus.source_name(i),
-                pcm: corpus.pcm(i),
-                tokens: &encoded.ids,
-            })
-            .map_err(output_err)?;
+        writer.push(&utterance(&corpus, i, &record, &encoded.ids)).map_err(output_err)?;
         summary.kept += 1;
         Ok(())
     })?;

@@ -89,6 +89,27 @@ impl Reject {
         }
     }
 
+    /// A frame whose `what` (rate, channel count, bit depth) is `frame` where STREAMINFO says
+    /// `stream`, at sample `at` (either decoder).
+    pub(crate) fn format_change(
+        what: &str,
+        frame: u32,
+        stream: u32,
+        at: impl std::fmt::Display,
+    ) -> Reject {
+        Reject::FormatChange(format!(
+            "the {what} changes mid-stream: {frame} in the frame at sample {at}, {stream} in \
+             STREAMINFO; the file holds more than one format and is not kept in part"
+        ))
+    }
+
+    /// The decoded samples do not match STREAMINFO's MD5 (either decoder).
+    pub(crate) fn md5_mismatch() -> Reject {
+        Reject::CorruptFlac(
+            "the decoded samples do not match the MD5 that STREAMINFO records".into(),
+        )
+    }
+
     /// The reason's name, as the report counts it.
     pub fn reason(&self) -> Reason {
         match self {
@@ -115,6 +136,31 @@ pub struct Decoded {
     pub channels: u32,
     /// Bits per sample of the file.
     pub bits: u32,
+}
+
+impl Decoded {
+    /// `pcm` downmixed to mono.
+    fn from_pcm(pcm: &Pcm) -> Decoded {
+        Decoded { samples: downmix(pcm), rate: pcm.rate, channels: pcm.channels, bits: pcm.bits }
+    }
+}
+
+/// Checks the samples per channel decoded against the count STREAMINFO announces (0: unknown),
+/// for either decoder: fewer is a truncation, more is not kept either (`flac -d` stops at the
+/// announced count; which part is right is not known).
+pub(crate) fn check_length(frames: u64, announced: u64) -> Result<(), Reject> {
+    if announced != 0 && frames < announced {
+        return Err(Reject::TruncatedFlac(format!(
+            "decoded {frames} of the {announced} samples per channel the header announces"
+        )));
+    }
+    if announced != 0 && frames > announced {
+        return Err(Reject::CorruptFlac(format!(
+            "the stream holds {frames} samples per channel, more than the {announced} its header \
+             announces"
+        )));
+    }
+    Ok(())
 }
 
 /// The container a file's first bytes announce.
@@ -157,10 +203,13 @@ pub fn decode_file_with(
     decoder: Decoder,
     verify_md5: bool,
 ) -> Result<Decoded, Reject> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))?;
-    let pcm = decode_pcm_with(bytes, decoder, verify_md5)?;
-    Ok(Decoded { samples: downmix(&pcm), rate: pcm.rate, channels: pcm.channels, bits: pcm.bits })
+    let pcm = decode_pcm_with(read_file(path)?, decoder, verify_md5)?;
+    Ok(Decoded::from_pcm(&pcm))
+}
+
+/// The bytes of the file at `path`, or a `MissingFile` reject naming it.
+pub fn read_file(path: &Path) -> Result<Vec<u8>, Reject> {
+    std::fs::read(path).map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))
 }
 
 /// Decodes FLAC bytes with libFLAC, downmixed to mono.
@@ -170,8 +219,7 @@ pub fn decode(bytes: Vec<u8>) -> Result<Decoded, Reject> {
 
 /// Decodes FLAC bytes with `decoder`, downmixed to mono.
 pub fn decode_with(bytes: Vec<u8>, decoder: Decoder) -> Result<Decoded, Reject> {
-    let pcm = decode_pcm(bytes, decoder)?;
-    Ok(Decoded { samples: downmix(&pcm), rate: pcm.rate, channels: pcm.channels, bits: pcm.bits })
+    Ok(Decoded::from_pcm(&decode_pcm(bytes, decoder)?))
 }
 
 /// Decodes FLAC bytes to the stream's interleaved integer samples, before any downmix: what
@@ -213,12 +261,8 @@ pub fn decode_pcm_with(
             normalize_streaminfo(&mut bytes);
             let mut pcm = decode_symphonia(bytes)?;
             pcm.md5_checked = md5.is_some();
-            if let Some(expected) = md5 {
-                if md5_of(&pcm) != expected {
-                    return Err(Reject::CorruptFlac(
-                        "the decoded samples do not match the MD5 that STREAMINFO records".into(),
-                    ));
-                }
+            if md5.is_some_and(|expected| md5_of(&pcm) != expected) {
+                return Err(Reject::md5_mismatch());
             }
             Ok(pcm)
         }
@@ -239,23 +283,22 @@ pub fn downmix(pcm: &Pcm) -> Vec<f32> {
         .collect()
 }
 
-/// STREAMINFO's MD5 when the stream starts with a STREAMINFO block that records one.
+/// The 34-byte STREAMINFO body when the stream starts with a STREAMINFO block ("fLaC", then a
+/// block header of type 0).
+fn streaminfo(bytes: &[u8]) -> Option<&[u8]> {
+    (bytes.get(4).map(|b| b & 0x7f) == Some(0)).then(|| bytes.get(8..8 + 34)).flatten()
+}
+
+/// STREAMINFO's MD5 (the body's last 16 bytes) when it records one.
 fn streaminfo_md5(bytes: &[u8]) -> Option<[u8; 16]> {
-    // "fLaC", block header (type 0 = STREAMINFO), then the 34-byte body; the MD5 is its last 16.
-    if bytes.get(4).map(|b| b & 0x7f) != Some(0) {
-        return None;
-    }
-    let md5: [u8; 16] = bytes.get(8 + 18..8 + 34)?.try_into().ok()?;
+    let md5: [u8; 16] = streaminfo(bytes)?[18..34].try_into().ok()?;
     md5.iter().any(|&b| b != 0).then_some(md5)
 }
 
-/// STREAMINFO's total sample count (0: unknown) when the stream starts with STREAMINFO.
+/// STREAMINFO's total sample count (0: unknown): the low 4 bits of body byte 13, then bytes
+/// 14-17, 36 bits.
 fn streaminfo_total(bytes: &[u8]) -> Option<u64> {
-    if bytes.get(4).map(|b| b & 0x7f) != Some(0) {
-        return None;
-    }
-    // Body bytes 13-17: the low 4 bits of byte 13, then 4 bytes: 36 bits of sample count.
-    let t = bytes.get(8 + 13..8 + 18)?;
+    let t = &streaminfo(bytes)?[13..18];
     Some(t[1..].iter().fold(u64::from(t[0] & 0x0f), |acc, &b| acc << 8 | u64::from(b)))
 }
 
@@ -342,13 +385,6 @@ fn decode_symphonia(bytes: Vec<u8>) -> Result<Pcm, Reject> {
         next_ts = ts.saturating_add(i64::try_from(packet.dur.get()).unwrap_or(i64::MAX));
         check_frame_format(&packet.data, rate, channels, bits, ts)?;
         let buf = decoder.decode(&packet).map_err(|e| corrupt("decoding a frame", e))?;
-        if buf.spec().channels().count() != channels as usize {
-            return Err(Reject::FormatChange(format!(
-                "the channel count changes mid-stream: {} in the frame at sample {ts}, \
-                 {channels} in STREAMINFO",
-                buf.spec().channels().count()
-            )));
-        }
         let at = interleaved.len();
         interleaved.resize(at + buf.samples_interleaved(), 0);
         // symphonia scales every sample to the full i32 range; shift back to the stream's depth.
@@ -368,20 +404,7 @@ fn decode_symphonia(bytes: Vec<u8>) -> Result<Pcm, Reject> {
             "damaged frames skipped: the stream jumps from sample {want} to sample {got}"
         )));
     }
-    if let Some(n) = announced {
-        if (frames as u64) < n {
-            return Err(Reject::TruncatedFlac(format!(
-                "decoded {frames} of the {n} samples per channel the header announces"
-            )));
-        }
-        // `flac -d` stops at the announced count; which part is right is not known: not kept.
-        if n != 0 && frames as u64 > n {
-            return Err(Reject::CorruptFlac(format!(
-                "the stream holds {frames} samples per channel, more than the {n} its header \
-                 announces"
-            )));
-        }
-    }
+    check_length(frames as u64, announced.unwrap_or(0))?;
     if frames == 0 {
         return Err(Reject::NoSamples("the stream holds no samples".into()));
     }
@@ -399,12 +422,8 @@ fn check_frame_format(
     bits: u32,
     at: i64,
 ) -> Result<(), Reject> {
-    let change = |what: &str, frame: u32, stream: u32| {
-        Reject::FormatChange(format!(
-            "the {what} changes mid-stream: {frame} in the frame at sample {at}, {stream} in \
-             STREAMINFO; the file holds more than one format and is not kept in part"
-        ))
-    };
+    let change =
+        |what: &str, frame: u32, stream: u32| Reject::format_change(what, frame, stream, at);
     let (Some(&b2), Some(&b3)) = (frame.get(2), frame.get(3)) else { return Ok(()) };
     let frame_channels = match b3 >> 4 {
         n @ 0..=7 => u32::from(n) + 1,

@@ -16,7 +16,7 @@ use std::ptr;
 
 use libflac_sys as ffi;
 
-use super::decode::Reject;
+use super::decode::{check_length, Reject};
 
 /// Interleaved integer samples as the stream stores them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,24 +118,10 @@ pub fn decode(bytes: &[u8], max_seconds: u64, verify_md5: bool) -> Result<Pcm, R
             state_name(end_state)
         )));
     }
-    // A stream cut short also fails its MD5: name the truncation.
-    if format.total != 0 && state.frames < format.total {
-        return Err(Reject::TruncatedFlac(format!(
-            "decoded {} of the {} samples per channel the header announces",
-            state.frames, format.total
-        )));
-    }
-    // `flac -d` stops at the announced count; which part is right is not known: not kept.
-    if format.total != 0 && state.frames > format.total {
-        return Err(Reject::CorruptFlac(format!(
-            "the stream holds {} samples per channel, more than the {} its header announces",
-            state.frames, format.total
-        )));
-    }
+    // A stream cut short also fails its MD5: the length is checked first, to name the cause.
+    check_length(state.frames, format.total)?;
     if !finished_ok {
-        return Err(Reject::CorruptFlac(
-            "the decoded samples do not match the MD5 that STREAMINFO records".into(),
-        ));
+        return Err(Reject::md5_mismatch());
     }
     if state.frames == 0 {
         return Err(Reject::NoSamples("the stream holds no samples".into()));
@@ -243,12 +229,8 @@ unsafe extern "C" fn write(
         return ABORT;
     };
     let at = s.frames;
-    let change = |what: &str, frame: u32, stream: u32| {
-        Reject::FormatChange(format!(
-            "the {what} changes mid-stream: {frame} in the frame at sample {at}, {stream} in \
-             STREAMINFO; the file holds more than one format and is not kept in part"
-        ))
-    };
+    let change =
+        |what: &str, frame: u32, stream: u32| Reject::format_change(what, frame, stream, at);
     if header.sample_rate != f.rate {
         s.problem = Some(change("sample rate (Hz)", header.sample_rate, f.rate));
         return ABORT;
@@ -270,14 +252,17 @@ unsafe extern "C" fn write(
         )));
         return ABORT;
     }
+    // The channels' planes, without an allocation per frame (FLAC has at most 8 channels, and
+    // the count equals STREAMINFO's, which libFLAC has checked).
+    let mut planes: [&[i32]; 8] = [&[]; 8];
     // SAFETY: libFLAC passes one pointer per channel of the frame (the count checked equal to
     // STREAMINFO's above), each to `blocksize` samples, valid for this call.
-    let planes: Vec<&[i32]> = unsafe {
-        std::slice::from_raw_parts(buffer, channels)
-            .iter()
-            .map(|&p| std::slice::from_raw_parts(p, block))
-            .collect()
-    };
+    unsafe {
+        for (plane, &p) in planes.iter_mut().zip(std::slice::from_raw_parts(buffer, channels)) {
+            *plane = std::slice::from_raw_parts(p, block);
+        }
+    }
+    let planes = &planes[..channels.min(8)];
     s.samples.reserve(block * channels);
     for i in 0..block {
         s.samples.extend(planes.iter().map(|plane| plane[i]));

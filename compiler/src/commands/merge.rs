@@ -10,10 +10,8 @@ use crate::merge::merge;
 pub fn run(args: &MergeArgs) -> anyhow::Result<ExitCode> {
     let t = Instant::now();
     let s = merge(&args.parts, &args.output)?;
-    for (id, first) in &s.duplicate_audio {
-        eprintln!(
-            "asrc: dropped {id}: duplicate_audio: decoded audio identical to segment {first:?}'s"
-        );
+    for (id, detail) in &s.duplicate_audio {
+        eprintln!("asrc: dropped {id}: duplicate_audio: {detail}");
     }
     let seconds = t.elapsed().as_secs_f64();
     println!(

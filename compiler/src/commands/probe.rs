@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::audio::decode::{decode_pcm, md5_of, Reject};
+use crate::audio::decode::{decode_pcm, md5_of, read_file};
 use crate::cli::ProbeArgs;
 use crate::output::print;
 
@@ -34,9 +34,7 @@ pub fn run(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     let mut all_kept = true;
     let mut out = String::new();
     for path in &args.files {
-        let decoded = std::fs::read(path)
-            .map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))
-            .and_then(|bytes| decode_pcm(bytes, args.decoder));
+        let decoded = read_file(path).and_then(|bytes| decode_pcm(bytes, args.decoder));
         let file = path.display().to_string();
         let p = match decoded {
             Ok(pcm) => {

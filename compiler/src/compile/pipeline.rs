@@ -162,11 +162,8 @@ impl Writer<'_> {
 
 /// Creates the missing directories above an output file.
 fn create_parent(file: &Path) -> Result<(), CompileError> {
-    match file.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir)
-            .map_err(|source| CompileError::OutputDir { path: dir.to_path_buf(), source }),
-        _ => Ok(()),
-    }
+    crate::output::create_parent(file)
+        .map_err(|(path, source)| CompileError::OutputDir { path, source })
 }
 
 /// Compiles `opts.input` into `opts.output` (creating missing directories above it and above
@@ -239,6 +236,8 @@ pub fn compile(
             break;
         }
         let mut n = 0u64;
+        // Whether the input has reached the rows after this part's: nothing later is read.
+        let mut past_part = false;
         let t = Instant::now();
         let mut ready = Vec::with_capacity(chunk.len());
         let mut stage1_entries = Vec::new();
@@ -248,7 +247,10 @@ pub fn compile(
                     rows.remember(&row);
                     continue;
                 }
-                Some((_, true)) => continue,
+                Some((_, true)) => {
+                    past_part = true;
+                    break;
+                }
                 _ => n += 1,
             }
             if let Some((label, hours)) = claimed_hours(&row) {
@@ -283,6 +285,9 @@ pub fn compile(
             CompileError::Options("a worker thread panicked while decoding audio".into())
         })?;
         previous = Some(Processed { ready, results, stage1_entries, rows: n });
+        if past_part {
+            break;
+        }
     }
     if let Some(chunk) = previous.take() {
         progress(&w.write_chunk(chunk)?);

@@ -60,11 +60,23 @@ impl Rows<'_> {
     /// [`Rows::prepare`] would, without preparing it: a later part then drops what one compile
     /// of the whole input would.
     pub(super) fn remember(&mut self, row: &ManifestRow) {
-        if let Some(segment_id) = row.segment_id.as_deref().filter(|s| !s.is_empty()) {
-            let fields = row.fields();
-            let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
-            self.dedup.check_row(row.row, segment_id, &field_refs);
+        // Only the deduper's state matters here, not the verdict on the row.
+        let _ = self.check_ids(row);
+    }
+
+    /// The row's segment id, or why the row is dropped: a null or empty id, or a duplicate of an
+    /// earlier row (rules 1 and 2 of `dedup`, which records the row).
+    fn check_ids(&mut self, row: &ManifestRow) -> Result<String, Box<Entry>> {
+        let Some(segment_id) = row.segment_id.clone().filter(|s| !s.is_empty()) else {
+            let detail = "segment_id is null or empty".into();
+            return Err(Box::new(Entry::new(row, Reason::NullSegmentId, detail)));
+        };
+        let fields = row.fields();
+        let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
+        if let Some(dup) = self.dedup.check_row(row.row, &segment_id, &field_refs) {
+            return Err(Box::new(Entry::new(row, dup.reason(), dup.detail())));
         }
+        Ok(segment_id)
     }
 
     /// Stage 1 for one row, in input order: the row ready for its audio, or its drop entry.
@@ -72,14 +84,7 @@ impl Rows<'_> {
         let drop = |row: &ManifestRow, reason: Reason, detail: String| {
             Box::new(Entry::new(row, reason, detail))
         };
-        let Some(segment_id) = row.segment_id.clone().filter(|s| !s.is_empty()) else {
-            return Err(drop(&row, Reason::NullSegmentId, "segment_id is null or empty".into()));
-        };
-        let fields = row.fields();
-        let field_refs: Vec<&str> = fields.iter().map(String::as_str).collect();
-        if let Some(dup) = self.dedup.check_row(row.row, &segment_id, &field_refs) {
-            return Err(drop(&row, dup.reason(), dup.detail()));
-        }
+        let segment_id = self.check_ids(&row)?;
         if let Some(e) = self.filter(&row) {
             return Err(Box::new(e));
         }

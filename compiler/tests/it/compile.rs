@@ -12,14 +12,8 @@ use asr_corpus::Corpus;
 use serde_json::Value;
 
 use crate::asrc;
+use crate::example_dir as example;
 use crate::manifest::write;
-
-fn example() -> PathBuf {
-    std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"),
-    )
-    .join("../examples/espeak")
-}
 
 fn compile(dir: &Path, extra: &[&str]) -> (std::process::Output, PathBuf) {
     let out = dir.join("c.asrcorpus");

@@ -7,15 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::asrc;
-
-fn example(file: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/espeak")
-        .join(file)
-        .display()
-        .to_string()
-}
+use crate::{asrc, example, refused};
 
 fn compile(out: &Path, extra: &[&str]) {
     let mut args = vec![
@@ -118,11 +110,9 @@ fn missing_overlapping_and_foreign_parts_are_refused() {
     let ps = parts(dir.path(), 3);
     let out = dir.path().join("out.asrcorpus");
     let o = merge(&ps[..2], &out);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("missing part(s) 2/3"));
+    refused(&o, "missing part(s) 2/3");
     let o = merge(&[ps[0].clone(), ps[1].clone(), ps[1].clone(), ps[2].clone()], &out);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("are both part 1/3"));
+    refused(&o, "are both part 1/3");
     // A part of another compile (other parameters).
     let other = dir.path().join("other.asrcorpus");
     compile(&other, &["--part", "2/3", "--max-tokens", "7"]);
@@ -134,8 +124,7 @@ fn missing_overlapping_and_foreign_parts_are_refused() {
     let whole = dir.path().join("whole.asrcorpus");
     compile(&whole, &[]);
     let o = merge(&[whole], &out);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("is not a part"));
+    refused(&o, "is not a part");
     assert!(!out.exists());
     // --part out of range.
     let o = asrc(&[

@@ -8,15 +8,7 @@ use std::process::Command;
 use asr_compiler::with_language_tag;
 use asr_corpus::Corpus;
 
-use crate::asrc;
-
-fn example(file: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/espeak")
-        .join(file)
-        .display()
-        .to_string()
-}
+use crate::{asrc, example, refused};
 
 /// A BPE model of about 400 pieces trained on the corpus's transcripts, with two of its languages'
 /// tags as pieces (so the `auto` prefix policy differs between languages).
@@ -140,8 +132,7 @@ fn bad_invocations_are_refused_and_write_nothing() {
         "-o",
         copy.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("is the input"));
+    refused(&o, "is the input");
     assert_eq!(std::fs::read(&copy).unwrap(), before);
     // A missing tokenizer: named, and no output.
     let out = dir.path().join("out.asrcorpus");
@@ -153,8 +144,7 @@ fn bad_invocations_are_refused_and_write_nothing() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/x.model"));
+    refused(&o, "/nonexistent/x.model");
     assert!(!out.exists());
     // A file that is not a corpus: named.
     let o = asrc(&[
@@ -165,7 +155,6 @@ fn bad_invocations_are_refused_and_write_nothing() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("spm.model"));
+    refused(&o, "spm.model");
     assert!(!out.exists());
 }

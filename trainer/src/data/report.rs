@@ -152,9 +152,7 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
                 c += plan.cost(b);
                 for &i in plan.batch(b) {
                     uses[i as usize] = uses[i as usize].saturating_add(1);
-                }
-                if step < early_steps {
-                    for &i in plan.batch(b) {
+                    if step < early_steps {
                         early_counts[input.languages[i as usize] as usize] += 1;
                         early_total += 1;
                     }

@@ -528,6 +528,12 @@ fn check(
 /// language 1 when `T <= 0`), 0 for absent ids. The sum runs in first-appearance order, as the
 /// Python sampler sums its dict, so the shares are bit-identical to its.
 pub fn target_shares(languages: &[u16], temperature: f64) -> (Vec<f64>, Vec<u64>) {
+    let (counts, order) = language_counts(languages);
+    (shares(&counts, &order, temperature), counts)
+}
+
+/// Utterances per language id, and the ids present in first-appearance order.
+fn language_counts(languages: &[u16]) -> (Vec<u64>, Vec<u16>) {
     let mut counts = vec![0u64; 1 << 16];
     let mut order: Vec<u16> = Vec::new();
     for &l in languages {
@@ -536,13 +542,18 @@ pub fn target_shares(languages: &[u16], temperature: f64) -> (Vec<f64>, Vec<u64>
         }
         counts[l as usize] += 1;
     }
+    (counts, order)
+}
+
+/// `count^T` normalised over the languages of `order`, summed in that order.
+fn shares(counts: &[u64], order: &[u16], temperature: f64) -> Vec<f64> {
     let w = |c: u64| if temperature <= 0.0 { 1.0 } else { (c as f64).powf(temperature) };
     let ws: f64 = order.iter().map(|&l| w(counts[l as usize])).sum();
     let mut shares = vec![0.0; 1 << 16];
-    for &l in &order {
+    for &l in order {
         shares[l as usize] = w(counts[l as usize]) / ws;
     }
-    (shares, counts)
+    shares
 }
 
 /// Per-utterance sampling weight of each language id, as the Python sampler computes it: the
@@ -568,24 +579,13 @@ pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
 /// orders them). Cost: per permutation the epoch reaches into, one key per utterance of the
 /// language and two linear-time selections, all sequential in memory.
 pub fn epoch_draws(languages: &[u16], config: &SamplerConfig, epoch: u64) -> Vec<u32> {
-    let (shares, counts) = target_shares(languages, config.temperature);
-    let mut order: Vec<u16> = Vec::new();
-    let mut seen = vec![false; 1 << 16];
-    for &l in languages {
-        if !seen[l as usize] {
-            seen[l as usize] = true;
-            order.push(l);
-        }
-    }
+    let (counts, order) = language_counts(languages);
     let total = languages.len() as u64;
-    let quotas = quotas(&order, &shares, total);
-    // Utterances of each language, in index order (a counting sort).
+    let quotas = quotas(&order, &shares(&counts, &order, config.temperature), total);
+    // Utterances of each language, in index order (a counting sort over the counts).
     let mut start = vec![0usize; (1 << 16) + 1];
-    for &l in languages {
-        start[l as usize + 1] += 1;
-    }
-    for k in 1..start.len() {
-        start[k] += start[k - 1];
+    for (l, &c) in counts.iter().enumerate() {
+        start[l + 1] = start[l] + c as usize;
     }
     let mut by_language = vec![0u32; languages.len()];
     let mut fill = start.clone();
