@@ -8,8 +8,8 @@ use asr_compiler::{compile, CompileOptions as Options, Input};
 use asr_corpus::Corpus;
 use asr_trainer::checkpoint::{cpu_parameters, latest, load_state};
 use asr_trainer::evaluate_checkpoint_cpu;
-use asr_trainer::TrainConfig;
 use asr_trainer::{run_cpu, RunOptions};
+use asr_trainer::{DataSpec, TrainConfig};
 
 fn example() -> PathBuf {
     PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"))
@@ -17,13 +17,20 @@ fn example() -> PathBuf {
 }
 
 fn compile_example(dir: &Path, max_duration: Option<f64>) -> PathBuf {
-    let out = dir.join("example.asrcorpus");
+    compile_part(dir, max_duration, None)
+}
+
+/// The example, or part I of N of it (`asrc compile --part I/N`).
+fn compile_part(dir: &Path, max_duration: Option<f64>, part: Option<(u32, u32)>) -> PathBuf {
+    let name = part.map_or("example.asrcorpus".into(), |(i, n)| format!("p{i}of{n}.asrcorpus"));
+    let out = dir.join(name);
     let mut o = Options::new(
         Input::Manifest(example().join("manifest.parquet")),
         out.clone(),
         example().join("spm.model"),
     );
     o.max_duration = max_duration;
+    o.part = part;
     o.jobs = 2;
     let s = compile(&o, &mut |_| {}).unwrap();
     assert!(s.kept > 0);
@@ -44,7 +51,7 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
     );
     let whole = dir.path().join("whole");
     let opts = |out: &Path, resume, stop_at| RunOptions {
-        corpus: corpus.clone(),
+        data: vec![DataSpec::new(&corpus)],
         out: out.to_path_buf(),
         resume,
         stop_at,
@@ -99,6 +106,61 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
     assert_eq!(e.utterances[0].reference, c.text(0).unwrap().1);
 }
 
+/// The parts of a compile trained as one training set, without merging: every utterance id in
+/// the metrics is a (corpus, index) of the parts with that utterance's language; a split run
+/// resumes exactly; the same parts in another order are refused on resume.
+#[test]
+fn parts_train_as_one_set_with_corpus_index_ids_and_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = [
+        compile_part(dir.path(), None, Some((0, 2))),
+        compile_part(dir.path(), None, Some((1, 2))),
+    ];
+    let corpora: Vec<Corpus> = parts.iter().map(|p| Corpus::open(p).unwrap()).collect();
+    let cfg = config(
+        "[train]\nmax_steps = 8\ngrad_accum = 2\ncheckpoint_every = 4\n\
+         [sampler]\nmax_batch_seconds = 12.0\n",
+    );
+    let data: Vec<DataSpec> = parts.iter().map(DataSpec::new).collect();
+    let opts = |out: &Path, data: &[DataSpec], resume, stop_at| RunOptions {
+        data: data.to_vec(),
+        out: out.to_path_buf(),
+        resume,
+        stop_at,
+        val_corpus: None,
+    };
+    let whole = dir.path().join("whole");
+    let a = run_cpu(cfg.clone(), &opts(&whole, &data, false, None), &mut |_, _| {}).unwrap();
+    assert_eq!(a.steps, 8);
+    let mut seen = [0usize; 2];
+    for m in &a.metrics {
+        assert_eq!(m.ids.len(), 2, "one id list per micro-batch");
+        let mut languages = std::collections::BTreeMap::new();
+        for &[c, i] in m.ids.iter().flatten() {
+            let corpus = &corpora[c as usize];
+            assert!((i as usize) < corpus.len());
+            seen[c as usize] += 1;
+            *languages.entry(corpus.language_code(i as usize).to_owned()).or_insert(0u64) += 1;
+        }
+        assert_eq!(languages, m.languages, "step {}", m.step);
+        assert_eq!(m.ids.iter().map(Vec::len).sum::<usize>() as u64, m.utterances);
+    }
+    assert!(seen[0] > 0 && seen[1] > 0, "both parts trained: {seen:?}");
+    // The ids are in metrics.jsonl too.
+    let line = std::fs::read_to_string(whole.join("metrics.jsonl")).unwrap();
+    assert!(line.lines().next().unwrap().contains("\"ids\":[["), "{line}");
+
+    let split = dir.path().join("split");
+    run_cpu(cfg.clone(), &opts(&split, &data, false, Some(4)), &mut |_, _| {}).unwrap();
+    let reversed: Vec<DataSpec> = data.iter().rev().cloned().collect();
+    let e = run_cpu(cfg.clone(), &opts(&split, &reversed, true, None), &mut |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("corpus 0 of the training set"), "{e}");
+    let b = run_cpu(cfg.clone(), &opts(&split, &data, true, None), &mut |_, _| {}).unwrap();
+    for (x, y) in a.metrics[4..].iter().zip(&b.metrics) {
+        assert_eq!((x.step, &x.ids, x.loss.to_bits()), (y.step, &y.ids, y.loss.to_bits()));
+    }
+}
+
 /// A tiny model memorises five utterances. Slow (minutes): `cargo test -p asr-e2e -- --ignored`.
 #[test]
 #[ignore]
@@ -115,7 +177,7 @@ fn tiny_model_overfits_five_utterances() {
     );
     let out = dir.path().join("run");
     let opts = RunOptions {
-        corpus: corpus.clone(),
+        data: vec![DataSpec::new(&corpus)],
         out: out.clone(),
         resume: false,
         stop_at: None,

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::data::sampler::SamplerState;
+use crate::data::set::CorpusIdentity;
 use crate::model::TdtModel;
 
 /// Everything besides tensors that a resume needs.
@@ -32,10 +33,14 @@ pub struct TrainState {
     pub vocab: usize,
     /// The run's configuration.
     pub config: TrainConfig,
-    /// Utterances in the training corpus, and its tokenizer's hash: a resume checks both.
+    /// Utterances in the training set, and its tokenizer's hash: a resume checks both.
     pub corpus_utterances: u64,
     /// `tokenizer.model_xxh3` of the corpus.
     pub tokenizer_xxh3: String,
+    /// Each corpus of the training set, in order (empty in checkpoints written before training
+    /// sets: one corpus, checked by the two fields above).
+    #[serde(default)]
+    pub corpora: Vec<CorpusIdentity>,
 }
 
 /// Why a checkpoint could not be written or read. Each names the file or directory.

@@ -25,28 +25,42 @@ pub enum Command {
     /// that realise the target shares; --mode seed: the Python sampler's weighted order over every
     /// utterance; then duration buckets, greedy packing to --max-batch-seconds, cost-sorted
     /// dealing to ranks, trimming to --grad-accum, per-rank shuffle) and reports batches and
-    /// hours per bucket, language shares (corpus, target, realised, repeats), padding, per-step
-    /// cost imbalance across ranks and the largest batch. --batches prints one rank's batches
-    /// instead.
+    /// hours per bucket, language, source and (for several corpora) corpus shares (corpus,
+    /// target, realised, repeats), padding, per-step cost imbalance across ranks and the largest
+    /// batch. --batches prints one rank's batches instead.
     #[command(after_help = "Examples:\n  asrt plan corpus.asrcorpus --world-size 8\n  \
+                            asrt plan a.asrcorpus b.asrcorpus --source-temperature 0.5\n  \
+                            asrt plan --config train.toml   # its [[data]], sampler and shape\n  \
                             asrt plan corpus.asrcorpus --world-size 8 --rank 3 --batches > rank3.json\n  \
                             asrt plan corpus.asrcorpus --json | jq .imbalance_worst")]
     Plan(PlanArgs),
-    /// Train a FastConformer-TDT model on a corpus (CPU, or CUDA when built with --features cuda).
+    /// Train a FastConformer-TDT model on one or more corpora (CPU, or CUDA when built with
+    /// --features cuda).
+    ///
+    /// Several corpora (on the command line, or as a [[data]] list in the config with a weight
+    /// and language/source overrides per corpus) form one training set: they must share a
+    /// tokenizer, sample rate and format version; utterance ids are [corpus, index].
     ///
     /// Progress counts micro-batches and optimizer steps separately (one optimizer step is
     /// train.grad_accum micro-batches). Writes OUT/metrics.jsonl (one line per optimizer step:
-    /// loss, lr, grad norm, audio seconds per second, languages), OUT/loss.svg and
+    /// loss, lr, grad norm, audio seconds per second, languages, the [corpus, index] ids of each
+    /// micro-batch), OUT/loss.svg and
     /// OUT/checkpoints/step-N/ every train.checkpoint_every steps; --resume continues from the
     /// newest checkpoint exactly where it stopped.
     #[command(after_help = "Examples:\n  asrt train corpus.asrcorpus --out runs/tiny\n  \
+        asrt train parts/p0.asrcorpus parts/p1.asrcorpus --out runs/tiny\n  \
         asrt train corpus.asrcorpus --config train.toml --out runs/big --device cuda:0\n  \
         asrt train corpus.asrcorpus --out runs/tiny --resume --max-steps 2000\n\n\
         A config file overrides any field of the preset, with NeMo-like names:\n  \
         preset = \"tiny\"            # or \"parakeet-tdt-0.6b\"\n  \
         [model.encoder]\n  n_layers = 4\n  [optim]\n  lr = 1e-3\n  warmup_steps = 100\n  \
         unfreeze_step = 0\n  [train]\n  max_steps = 1000\n  grad_accum = 4\n  \
-        checkpoint_every = 100\n  [sampler]\n  mode = \"temperature\"\n  max_batch_seconds = 90.0\n  temperature = 0.3")]
+        checkpoint_every = 100\n  [sampler]\n  mode = \"temperature\"\n  max_batch_seconds = 90.0\n  temperature = 0.3\n  \
+        # source_temperature = 0.5   # also balance sources inside each language\n  \
+        [[data]]                    # the training set, instead of CORPUS arguments\n  \
+        path = \"cv-de.asrcorpus\"    # relative to this file\n  \
+        [[data]]\n  path = \"podcasts.asrcorpus\"\n  weight = 2.0                # counts twice when shares are drawn\n  \
+        language = \"de\"             # every utterance counts as German\n  source = \"podcasts\"")]
     Train(TrainArgs),
     /// Decode a corpus greedily with a trained checkpoint; WER and CER per language.
     #[command(after_help = "Examples:\n  asrt eval corpus.asrcorpus --checkpoint runs/tiny\n  \
@@ -57,9 +71,9 @@ pub enum Command {
 /// Arguments of `asrt train`.
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
-    /// Training corpus.
+    /// Training corpora (one training set; or none, and a [[data]] list in the config).
     #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
-    pub corpus: PathBuf,
+    pub corpus: Vec<PathBuf>,
     /// TOML configuration (preset, model, optim, train, sampler, loss sections).
     #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]
     pub config: Option<PathBuf>,
@@ -127,6 +141,10 @@ pub struct SamplerArgs {
     /// languages equal.
     #[arg(long, default_value_t = 0.3)]
     pub temperature: f64,
+    /// Temperature mode: also give each source its quota inside each language, sources weighted
+    /// (count x corpus weight)^T (1: by size, 0: equal). Unset: sources are not balanced.
+    #[arg(long)]
+    pub source_temperature: Option<f64>,
     /// Audio seconds per micro-batch (an utterance longer than this forms its own batch).
     #[arg(long, default_value_t = 90.0)]
     pub max_batch_seconds: f64,
@@ -161,6 +179,7 @@ impl SamplerArgs {
             max_batch_seconds: self.max_batch_seconds,
             seed: self.seed,
             curriculum_steps: self.curriculum_steps,
+            source_temperature: self.source_temperature,
         }
     }
 
@@ -176,27 +195,28 @@ impl SamplerArgs {
 /// Arguments of `asrt plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// Corpus file.
+    /// Corpus files (one training set; or none, and --config with a [[data]] list).
     #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
-    pub corpus: PathBuf,
+    pub corpus: Vec<PathBuf>,
     /// Epoch to plan.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
     /// Rank whose batches --batches prints.
     #[arg(long, default_value_t = 0)]
     pub rank: u32,
-    /// Print the rank's micro-batches (utterance indices, in order, null for an idle slot) as
-    /// JSON instead of the report.
+    /// Print the rank's micro-batches (utterance indices, in order, null for an idle slot; with
+    /// several corpora, [corpus, index] pairs) as JSON instead of the report.
     #[arg(long)]
     pub batches: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Plan what `asrt train --config FILE` will run: sampler, [shape] and train.grad_accum come
-    /// from this training config (the options they replace may then not be given).
+    /// Plan what `asrt train --config FILE` will run: sampler, [shape], train.grad_accum and the
+    /// [[data]] list come from this training config (the options they replace may then not be
+    /// given).
     #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath, conflicts_with_all = [
-        "mode", "boundaries", "temperature", "max_batch_seconds", "seed", "curriculum_steps",
-        "grad_accum", "audio_quantum_seconds", "token_quantum",
+        "mode", "boundaries", "temperature", "source_temperature", "max_batch_seconds", "seed",
+        "curriculum_steps", "grad_accum", "audio_quantum_seconds", "token_quantum",
     ])]
     pub config: Option<PathBuf>,
     /// Plan options.

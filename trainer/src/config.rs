@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::data::sampler::SamplerConfig;
+use crate::data::set::DataSpec;
 use crate::data::shape::ShapePolicy;
 use crate::model::ModelConfig;
 use crate::tdt::{TdtError, TdtOptions};
@@ -192,6 +193,10 @@ pub struct TrainConfig {
     pub loss: TdtOptions,
     /// How padded batch shapes are rounded (`asrt plan` reports the same policy).
     pub shape: ShapePolicy,
+    /// The training set, when the config gives it (`[[data]]`: path, weight, language, source);
+    /// otherwise the command line's corpora.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<DataSpec>,
 }
 
 impl Default for TrainConfig {
@@ -235,6 +240,7 @@ impl TrainConfig {
             sampler,
             loss: TdtOptions::default(),
             shape: ShapePolicy::default(),
+            data: Vec::new(),
         })
     }
 
@@ -252,12 +258,20 @@ impl TrainConfig {
         Ok(cfg)
     }
 
-    /// Reads a TOML config file ([`TrainConfig::from_toml`]); errors name the file.
+    /// Reads a TOML config file ([`TrainConfig::from_toml`]); errors name the file. Relative
+    /// `[[data]]` paths are taken relative to the file's directory.
     pub fn from_file(path: &Path) -> Result<TrainConfig, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        TrainConfig::from_toml(&text)
-            .map_err(|e| ConfigError::InFile { path: path.to_owned(), source: Box::new(e) })
+        let mut cfg = TrainConfig::from_toml(&text)
+            .map_err(|e| ConfigError::InFile { path: path.to_owned(), source: Box::new(e) })?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        for d in &mut cfg.data {
+            if d.path.is_relative() {
+                d.path = dir.join(&d.path);
+            }
+        }
+        Ok(cfg)
     }
 
     /// Checks the parts fit together.
@@ -273,6 +287,18 @@ impl TrainConfig {
             ));
         }
         self.shape.validate()?;
+        for (k, d) in self.data.iter().enumerate() {
+            if d.path.as_os_str().is_empty() {
+                return Err(ConfigError::Invalid(format!("data[{k}]: path is empty")));
+            }
+            if !(d.weight.is_finite() && d.weight > 0.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "data[{k}] ({}): weight {} must be a positive number",
+                    d.path.display(),
+                    d.weight
+                )));
+            }
+        }
         Ok(())
     }
 }

@@ -33,10 +33,13 @@ pub use data::batcher::{
     assemble, Audio, AudioFormat, LoadedStep, Loader, LoaderConfig, LoaderError, MicroBatch,
     PaddedBatch, Steps,
 };
-pub use data::report::{report, PlanReport, ReportInput};
+pub use data::report::{report, GroupReport, LanguageReport, PlanReport, ReportInput};
 pub use data::sampler::{
-    epoch_draws, target_shares, Durations, EpochPlan, PlanError, SamplerConfig, SamplerMode,
-    SamplerState, DEFAULT_BOUNDARIES, IDLE,
+    epoch_draws, epoch_draws_mixed, quota_cells, target_shares, Cell, Durations, EpochPlan, Mix,
+    PlanError, SamplerConfig, SamplerMode, SamplerState, DEFAULT_BOUNDARIES, IDLE,
+};
+pub use data::set::{
+    resolve_specs, CorpusIdentity, DataSpec, SetError, TrainingSet, UtteranceSource,
 };
 pub use data::shape::ShapePolicy;
 pub use data::synthetic::lognormal_zipf;

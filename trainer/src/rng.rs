@@ -137,6 +137,19 @@ pub fn quota_seed(seed: u64, language: u16, cycle: u64) -> u64 {
     )
 }
 
+/// The seed a quota cell's permutations start from (`seed` itself for corpus 0's cells of source
+/// 0, so that a training set of one corpus draws as that corpus alone does): a cell is one
+/// language of one corpus of a training set and, with per-source quotas, of one source.
+pub fn cell_seed(seed: u64, corpus: u16, source: u16) -> u64 {
+    if corpus == 0 && source == 0 {
+        return seed;
+    }
+    finalize(
+        seed ^ 0x2C1B_3C6D_E5A7_F019
+            ^ (u64::from(corpus) << 16 | u64::from(source)).wrapping_mul(0x9FB2_1C65_1E98_DF25),
+    )
+}
+
 /// The sort key of the `k`-th utterance of a language in the permutation seeded with `cycle_seed`
 /// (from [`quota_seed`]): the permutation is the order of these keys (ties broken by `k`).
 pub fn quota_key(cycle_seed: u64, k: u64) -> u32 {

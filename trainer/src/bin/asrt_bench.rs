@@ -48,6 +48,14 @@ enum Bench {
         /// Sampler mode.
         #[arg(long, value_enum, default_value_t = SamplerMode::Temperature)]
         mode: SamplerMode,
+        /// Split the utterances into this many contiguous corpora of a training set, weights
+        /// alternating 1 and 2 (temperature mode).
+        #[arg(long, default_value_t = 1)]
+        corpora: u32,
+        /// Give each utterance one of 8 sources (Zipf-like shares) and balance them with this
+        /// source temperature.
+        #[arg(long)]
+        source_temperature: Option<f64>,
     },
     /// Open a corpus and plan it.
     Startup { corpus: PathBuf },
@@ -129,15 +137,49 @@ fn main() -> anyhow::Result<()> {
         Bench::ModelShape { preset, seconds, tokens, vocab, repeats } => {
             model_shape_bench(&preset, seconds, tokens, vocab, repeats)?
         }
-        Bench::Plan { utterances, repeats, world_size, write_inputs, mode } => {
+        Bench::Plan {
+            utterances,
+            repeats,
+            world_size,
+            write_inputs,
+            mode,
+            corpora,
+            source_temperature,
+        } => {
             let (d, l) = lognormal_zipf(utterances, 12, 7, 5.0);
+            let k = corpora.max(1) as usize;
+            let ends: Vec<u32> = if k > 1 {
+                (1..=k).map(|c| (utterances * c / k) as u32).collect()
+            } else {
+                Vec::new()
+            };
+            let weights: Vec<f64> = if k > 1 {
+                (0..k).map(|c| if c % 2 == 0 { 1.0 } else { 2.0 }).collect()
+            } else {
+                Vec::new()
+            };
+            // Sources reuse the language generator: 8 "languages" with Zipf shares.
+            let sources = if source_temperature.is_some() {
+                lognormal_zipf(utterances, 8, 8, 5.0).1
+            } else {
+                Vec::new()
+            };
+            let mix = asr_trainer::Mix { corpus_ends: &ends, weights: &weights, sources: &sources };
             let (_, _, _, before) = memory();
-            let cfg = SamplerConfig { mode, ..SamplerConfig::default() };
+            let cfg = SamplerConfig { mode, source_temperature, ..SamplerConfig::default() };
             let mut times = Vec::new();
             let mut batches = 0;
             for _ in 0..repeats.max(1) {
                 let t = Instant::now();
-                let plan = EpochPlan::build(Durations::Seconds(&d), &l, &cfg, 0, world_size, 4)?;
+                let plan = EpochPlan::build_mixed(
+                    Durations::Seconds(&d),
+                    &l,
+                    &mix,
+                    &cfg,
+                    0,
+                    world_size,
+                    4,
+                )?;
                 times.push(t.elapsed().as_secs_f64());
                 batches = plan.len();
             }
@@ -152,6 +194,7 @@ fn main() -> anyhow::Result<()> {
             }
             json!({
                 "bench": "plan", "mode": mode.name(), "utterances": utterances, "world_size": world_size,
+                "corpora": k, "source_temperature": source_temperature,
                 "batches": batches, "seconds_median": median(times.clone()), "seconds_all": times,
                 "input_mib": before, "peak_mib": peak, "planner_peak_mib": peak - before,
             })
@@ -316,7 +359,8 @@ fn train_step_bench(
 ) -> anyhow::Result<serde_json::Value> {
     use asr_trainer::{TrainConfig, Trainer};
     type B = burn::backend::Autodiff<burn::backend::NdArray>;
-    let corpus = Corpus::open(path).with_context(|| path.display().to_string())?;
+    let set = asr_trainer::TrainingSet::open(&[asr_trainer::DataSpec::new(path)])?;
+    let corpus = set.corpus(0);
     let mut cfg = TrainConfig::default();
     cfg.train.grad_accum = 1;
     cfg.train.max_steps = steps + 2;
@@ -348,13 +392,11 @@ fn train_step_bench(
                 .step_batches(step, 0)
                 .iter()
                 .filter(|&&b| b != IDLE)
-                .map(|&b| {
-                    assemble(&corpus, plan.batch(b), ShapePolicy::default(), AudioFormat::I16)
-                })
+                .map(|&b| assemble(corpus, plan.batch(b), ShapePolicy::default(), AudioFormat::I16))
                 .collect();
             let t = Instant::now();
             let m =
-                trainer.train_step(&batches, &corpus, epoch).map_err(|e| anyhow::anyhow!("{e}"))?;
+                trainer.train_step(&batches, &set, epoch).map_err(|e| anyhow::anyhow!("{e}"))?;
             let dt = t.elapsed().as_secs_f64();
             // The first two steps warm allocators and caches.
             if trainer.step > 2 {

@@ -1,35 +1,33 @@
-//! `asrt plan`: the epoch plan of a corpus, as a report or as one rank's batch list.
+//! `asrt plan`: the epoch plan of a corpus or training set, as a report or as one rank's batch
+//! list.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use asr_corpus::Corpus;
-
 use crate::cli::PlanArgs;
 use crate::config::TrainConfig;
-use crate::data::report::{report, PlanReport, ReportInput};
-use crate::data::sampler::{Durations, EpochPlan, IDLE};
+use crate::data::report::{report, GroupReport, PlanReport, ReportInput};
+use crate::data::sampler::{EpochPlan, IDLE};
+use crate::data::set::{resolve_specs, TrainingSet};
 
 /// Runs the command.
 pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
-    let corpus = Corpus::open(&args.corpus)
-        .with_context(|| format!("opening corpus {}", args.corpus.display()))?;
-    let rate = f64::from(corpus.header().sample_rate);
-    let durations = Durations::Samples { samples: corpus.num_samples(), rate };
     let s = &args.sampler;
-    let (config, shape, grad_accum) = match &args.config {
+    let (config, shape, grad_accum, data) = match &args.config {
         Some(p) => {
             let t = TrainConfig::from_file(p)?;
-            (t.sampler, t.shape, t.train.grad_accum)
+            (t.sampler, t.shape, t.train.grad_accum, t.data)
         }
-        None => (s.config(), s.shape(), s.grad_accum),
+        None => (s.config(), s.shape(), s.grad_accum, Vec::new()),
     };
     shape.validate()?;
-    let plan = EpochPlan::build(
-        durations,
-        corpus.languages(),
+    let set = TrainingSet::open(&resolve_specs(&args.corpus, &data)?)?;
+    let mix = set.mix();
+    let plan = EpochPlan::build_mixed(
+        set.durations(),
+        set.languages(),
+        &mix,
         &config,
         args.epoch,
         s.world_size,
@@ -43,10 +41,18 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
             args.rank,
             s.world_size
         );
-        let list: Vec<Option<&[u32]>> = plan
+        // One corpus: utterance indices; several: [corpus, index] pairs.
+        let list: Vec<serde_json::Value> = plan
             .rank_batches(args.rank, 0)
             .into_iter()
-            .map(|b| (b != IDLE).then(|| plan.batch(b)))
+            .map(|b| match (b != IDLE).then(|| plan.batch(b)) {
+                None => serde_json::Value::Null,
+                Some(items) if set.corpora() == 1 => serde_json::json!(items),
+                Some(items) => serde_json::json!(items
+                    .iter()
+                    .map(|&g| <[u32; 2]>::from(set.locate(g)))
+                    .collect::<Vec<_>>()),
+            })
             .collect();
         let doc = serde_json::json!({
             "epoch": args.epoch,
@@ -59,21 +65,23 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let tokens: Vec<u32> =
-        corpus.token_offsets().windows(2).map(|w| (w[1] - w[0]) as u32).collect();
+    let tokens = set.token_counts();
     let input = ReportInput {
-        durations,
-        languages: corpus.languages(),
-        language_names: &corpus.metadata().languages,
+        durations: set.durations(),
+        languages: set.languages(),
+        language_names: set.language_names(),
+        mix,
+        source_names: set.source_names(),
+        corpus_names: set.corpus_names(),
         tokens: Some(&tokens),
-        sample_rate: rate,
+        sample_rate: f64::from(set.sample_rate()),
         shape,
     };
-    let r = report(&plan, &config, &input);
+    let r = report(&plan, &config, &input)?;
     if args.json {
         emit(&(serde_json::to_string_pretty(&r)? + "\n"))?;
     } else {
-        emit(&human(&r, args))?;
+        emit(&human(&r, &set.corpus_names().join(" + ")))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -87,18 +95,12 @@ fn emit(text: &str) -> std::io::Result<()> {
     }
 }
 
-fn human(r: &PlanReport, args: &PlanArgs) -> String {
+fn human(r: &PlanReport, name: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "{}: epoch {} ({} mode), {} utterances, {:.2} h; world size {}, grad accum {}",
-        args.corpus.display(),
-        r.epoch,
-        r.mode,
-        r.utterances,
-        r.hours,
-        r.world_size,
-        r.grad_accum
+        name, r.epoch, r.mode, r.utterances, r.hours, r.world_size, r.grad_accum
     );
     let _ = writeln!(
         s,
@@ -165,6 +167,8 @@ fn human(r: &PlanReport, args: &PlanArgs) -> String {
         "  (target: share after temperature; epoch: share of the epoch's utterances, repeats\n   \
          counted; early: share in the first tenth of the steps)\n  ({note})"
     );
+    groups(&mut s, "source", &r.sources);
+    groups(&mut s, "corpus", &r.corpora);
     let _ = writeln!(s, "\n  padding: {:.1}% of audio samples", 100.0 * r.audio_padding_fraction);
     if let Some(t) = r.token_padding_fraction {
         let _ = writeln!(s, "           {:.1}% of token slots", 100.0 * t);
@@ -182,4 +186,31 @@ fn human(r: &PlanReport, args: &PlanArgs) -> String {
         );
     }
     s
+}
+
+/// A table of sources or corpora (nothing when there are none).
+fn groups(s: &mut String, what: &str, rows: &[GroupReport]) {
+    if rows.is_empty() {
+        return;
+    }
+    let width = rows.iter().map(|g| g.name.len()).max().unwrap_or(0).max(10);
+    let _ = writeln!(
+        s,
+        "\n  {what:<width$} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "utterances", "hours", "corpus", "target", "epoch", "repeats", "unused"
+    );
+    for g in rows {
+        let _ = writeln!(
+            s,
+            "  {:<width$} {:>11} {:>9.2} {:>7.1}% {:>7.1}% {:>7.1}% {:>8} {:>9}",
+            g.name,
+            g.utterances,
+            g.hours,
+            100.0 * g.corpus_share,
+            100.0 * g.target_share,
+            100.0 * g.epoch_share,
+            g.max_repeats,
+            g.unused
+        );
+    }
 }

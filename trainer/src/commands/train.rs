@@ -27,7 +27,7 @@ fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
 pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_config(args)?;
     let opts = RunOptions {
-        corpus: args.corpus.clone(),
+        data: crate::data::set::resolve_specs(&args.corpus, &cfg.data)?,
         out: args.out.clone(),
         resume: args.resume,
         stop_at: args.stop_at,

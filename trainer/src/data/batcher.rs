@@ -10,9 +10,10 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use asr_corpus::{Corpus, TokenSlice};
+use asr_corpus::TokenSlice;
 
 use super::sampler::{EpochPlan, IDLE};
+use super::set::UtteranceSource;
 use super::shape::ShapePolicy;
 
 /// Sample type of the padded audio.
@@ -37,7 +38,7 @@ pub enum Audio {
 /// One padded micro-batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PaddedBatch {
-    /// Utterance indices, in batch order.
+    /// Utterance indices (of the corpus, or of the training set), in batch order.
     pub indices: Vec<u32>,
     /// Audio `[indices.len(), max_samples]`, zero padded.
     pub audio: Audio,
@@ -64,18 +65,17 @@ impl PaddedBatch {
     }
 }
 
-/// Copies the utterances `indices` of `corpus` into a padded batch.
-pub fn assemble(
-    corpus: &Corpus,
+/// Copies the utterances `indices` of `corpus` (a corpus or a training set) into a padded batch.
+pub fn assemble<S: UtteranceSource + ?Sized>(
+    corpus: &S,
     indices: &[u32],
     shape: ShapePolicy,
     format: AudioFormat,
 ) -> PaddedBatch {
     let b = indices.len();
-    let audio_lens: Vec<u32> = indices.iter().map(|&i| corpus.num_samples()[i as usize]).collect();
-    let token_lens: Vec<u32> =
-        indices.iter().map(|&i| corpus.tokens(i as usize).len() as u32).collect();
-    let rate = f64::from(corpus.header().sample_rate);
+    let audio_lens: Vec<u32> = indices.iter().map(|&i| corpus.pcm(i).len() as u32).collect();
+    let token_lens: Vec<u32> = indices.iter().map(|&i| corpus.tokens(i).len() as u32).collect();
+    let rate = corpus.sample_rate();
     let max_samples = shape
         .padded_samples(u64::from(audio_lens.iter().copied().max().unwrap_or(0)), rate)
         as usize;
@@ -86,7 +86,7 @@ pub fn assemble(
         AudioFormat::I16 => {
             let mut buf = vec![0i16; b * max_samples];
             for (row, &i) in buf.chunks_exact_mut(max_samples.max(1)).zip(indices) {
-                let pcm = corpus.pcm(i as usize);
+                let pcm = corpus.pcm(i);
                 row[..pcm.len()].copy_from_slice(pcm);
             }
             Audio::I16(buf)
@@ -94,7 +94,7 @@ pub fn assemble(
         AudioFormat::F32 => {
             let mut buf = vec![0f32; b * max_samples];
             for (row, &i) in buf.chunks_exact_mut(max_samples.max(1)).zip(indices) {
-                let pcm = corpus.pcm(i as usize);
+                let pcm = corpus.pcm(i);
                 for (o, &s) in row.iter_mut().zip(pcm) {
                     *o = f32::from(s) * (1.0 / 32768.0);
                 }
@@ -104,12 +104,12 @@ pub fn assemble(
     };
     let mut tokens = vec![0u32; b * max_tokens];
     for (row, &i) in tokens.chunks_exact_mut(max_tokens.max(1)).zip(indices) {
-        match corpus.tokens(i as usize) {
+        match corpus.tokens(i) {
             TokenSlice::U16(t) => row.iter_mut().zip(t).for_each(|(o, &x)| *o = u32::from(x)),
             TokenSlice::U32(t) => row[..t.len()].copy_from_slice(t),
         }
     }
-    let languages = indices.iter().map(|&i| corpus.languages()[i as usize]).collect();
+    let languages = indices.iter().map(|&i| corpus.language(i)).collect();
     let seconds = audio_lens.iter().map(|&n| f64::from(n)).sum::<f64>() / rate;
     PaddedBatch {
         indices: indices.to_vec(),
@@ -201,8 +201,8 @@ pub enum LoaderError {
 
 impl Loader {
     /// Starts loading rank `rank`'s micro-batches of `plan` from optimizer step `from`.
-    pub fn start(
-        corpus: Arc<Corpus>,
+    pub fn start<S: UtteranceSource + 'static>(
+        corpus: Arc<S>,
         plan: Arc<EpochPlan>,
         rank: u32,
         from: u64,
@@ -226,7 +226,7 @@ impl Loader {
             receivers.push(rx);
             let (corpus, plan, jobs) = (Arc::clone(&corpus), Arc::clone(&plan), Arc::clone(&jobs));
             workers
-                .push(std::thread::spawn(move || work(&corpus, &plan, &jobs, w, n, config, &tx)));
+                .push(std::thread::spawn(move || work(&*corpus, &plan, &jobs, w, n, config, &tx)));
         }
         Loader { remaining: jobs.len(), receivers, next: 0, steps, workers }
     }
@@ -265,8 +265,8 @@ impl Iterator for Steps {
     }
 }
 
-fn work(
-    corpus: &Corpus,
+fn work<S: UtteranceSource + ?Sized>(
+    corpus: &S,
     plan: &EpochPlan,
     jobs: &[(u64, u32, u32)],
     first: usize,
@@ -278,7 +278,7 @@ fn work(
         if let Some(&(_, _, b)) = jobs.get(j) {
             if b != IDLE {
                 for &i in plan.batch(b) {
-                    corpus.prefetch_pcm(i as usize..i as usize + 1);
+                    corpus.prefetch(i);
                 }
             }
         }

@@ -1,10 +1,10 @@
-//! What a plan will do, before a GPU starts: batches and hours per bucket, language shares before
-//! and after temperature, padding, per-step cost imbalance across ranks, the largest batch, and
+//! What a plan will do, before a GPU starts: batches and hours per bucket, language, source and
+//! corpus shares before and after temperature, padding, per-step cost imbalance across ranks, the largest batch, and
 //! what truncation and trimming drop.
 
 use serde::Serialize;
 
-use super::sampler::{target_shares, Durations, EpochPlan, SamplerConfig, IDLE};
+use super::sampler::{for_each_cell, Durations, EpochPlan, Mix, PlanError, SamplerConfig, IDLE};
 use super::shape::ShapePolicy;
 
 /// One duration bucket.
@@ -45,6 +45,28 @@ pub struct LanguageReport {
     pub max_repeats: u64,
     /// Of the language's utterances, how many the epoch does not use (downsampled, or dropped
     /// by truncation).
+    pub unused: u64,
+}
+
+/// One source, or one corpus of a training set.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupReport {
+    /// Source name, or corpus path.
+    pub name: String,
+    /// Utterances in the input.
+    pub utterances: u64,
+    /// Hours in the input.
+    pub hours: f64,
+    /// Share of the input's utterances.
+    pub corpus_share: f64,
+    /// Share the sampler aims for: each utterance's cell's target share (see `Mix`), spread
+    /// evenly over the cell's utterances.
+    pub target_share: f64,
+    /// Share of the utterances the whole epoch uses (repeats counted).
+    pub epoch_share: f64,
+    /// Uses of the group's most used utterance in the epoch.
+    pub max_repeats: u64,
+    /// Of the group's utterances, how many the epoch does not use.
     pub unused: u64,
 }
 
@@ -92,6 +114,10 @@ pub struct PlanReport {
     pub buckets: Vec<BucketReport>,
     /// Per language.
     pub languages: Vec<LanguageReport>,
+    /// Per source (the input's source names; empty when none were given).
+    pub sources: Vec<GroupReport>,
+    /// Per corpus of a training set (empty for one corpus).
+    pub corpora: Vec<GroupReport>,
     /// Fraction of padded audio samples that are padding.
     pub audio_padding_fraction: f64,
     /// Fraction of padded token slots that are padding (when token counts were given).
@@ -115,6 +141,12 @@ pub struct ReportInput<'a> {
     pub languages: &'a [u16],
     /// Code of each language id.
     pub language_names: &'a [String],
+    /// Corpora, weights and sources the plan was built with (`Mix::default()`: one corpus).
+    pub mix: Mix<'a>,
+    /// Name of each source id of `mix.sources` (empty: no source rows).
+    pub source_names: &'a [String],
+    /// Path of each corpus of `mix` (rows only for more than one).
+    pub corpus_names: &'a [String],
     /// Tokens per utterance, if known.
     pub tokens: Option<&'a [u32]>,
     /// Samples per second of the durations, to express padded lengths in samples.
@@ -123,8 +155,12 @@ pub struct ReportInput<'a> {
     pub shape: ShapePolicy,
 }
 
-/// Builds the report of `plan`.
-pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>) -> PlanReport {
+/// Builds the report of `plan` (built from `input`'s arrays and mix with `config`).
+pub fn report(
+    plan: &EpochPlan,
+    config: &SamplerConfig,
+    input: &ReportInput<'_>,
+) -> Result<PlanReport, PlanError> {
     let d = input.durations;
     let first = plan.segments()[0];
     let steps = plan.steps();
@@ -225,7 +261,8 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
             if b.batches > 0 { b.utterances as f64 / b.batches as f64 } else { 0.0 };
     }
 
-    PlanReport {
+    let (languages, sources, corpora) = shares(input, config, &early_counts, early_total, &uses)?;
+    Ok(PlanReport {
         mode: config.mode.name().to_owned(),
         epoch: plan.epoch(),
         world_size: first.world_size,
@@ -239,7 +276,9 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
         dropped_utterances: dropped_utts,
         dropped_hours: dropped_secs / 3600.0,
         buckets,
-        languages: language_shares(input, config, &early_counts, early_total, &uses),
+        languages,
+        sources,
+        corpora,
         audio_padding_fraction: fraction(padded_audio - real_audio.min(padded_audio), padded_audio),
         token_padding_fraction: input
             .tokens
@@ -248,7 +287,7 @@ pub fn report(plan: &EpochPlan, config: &SamplerConfig, input: &ReportInput<'_>)
         imbalance_worst: worst.max(1.0),
         imbalance_worst_step: worst_step,
         largest_batch: largest,
-    }
+    })
 }
 
 fn fraction(part: u64, whole: u64) -> f64 {
@@ -259,43 +298,111 @@ fn fraction(part: u64, whole: u64) -> f64 {
     }
 }
 
-fn language_shares(
+/// Per-group tallies over the input's utterances.
+#[derive(Clone, Default)]
+struct Tally {
+    utterances: u64,
+    seconds: f64,
+    target: f64,
+    epoch: u64,
+    max_repeats: u64,
+    unused: u64,
+}
+
+impl Tally {
+    fn add(&mut self, seconds: f64, uses: u64, target: f64) {
+        self.utterances += 1;
+        self.seconds += seconds;
+        self.target += target;
+        self.epoch += uses;
+        self.max_repeats = self.max_repeats.max(uses);
+        self.unused += u64::from(uses == 0);
+    }
+
+    fn group(&self, name: String, n: f64, epoch_total: u64) -> GroupReport {
+        GroupReport {
+            name,
+            utterances: self.utterances,
+            hours: self.seconds / 3600.0,
+            corpus_share: self.utterances as f64 / n,
+            target_share: self.target,
+            epoch_share: fraction(self.epoch, epoch_total),
+            max_repeats: self.max_repeats,
+            unused: self.unused,
+        }
+    }
+}
+
+/// The language, source and corpus rows of a report.
+type Rows = (Vec<LanguageReport>, Vec<GroupReport>, Vec<GroupReport>);
+
+/// Language, source and corpus rows. A language's target is the sum of its cells' targets (for
+/// one corpus: its share after temperature); a source's spreads each cell's target evenly over
+/// the cell's utterances.
+fn shares(
     input: &ReportInput<'_>,
     config: &SamplerConfig,
     early_counts: &[u64],
     early_total: u64,
     uses: &[u16],
-) -> Vec<LanguageReport> {
-    let (targets, counts) = target_shares(input.languages, config.temperature);
-    let mut secs = vec![0.0f64; 1 << 16];
-    let mut epoch_counts = vec![0u64; 1 << 16];
-    let mut max_repeats = vec![0u64; 1 << 16];
-    let mut unused = vec![0u64; 1 << 16];
-    for (i, &l) in input.languages.iter().enumerate() {
-        let l = l as usize;
-        secs[l] += input.durations.get(i);
-        let u = u64::from(uses[i]);
-        epoch_counts[l] += u;
-        max_repeats[l] = max_repeats[l].max(u);
-        unused[l] += u64::from(u == 0);
+) -> Result<Rows, PlanError> {
+    let mix = &input.mix;
+    let with_sources = !input.source_names.is_empty() && !mix.sources.is_empty();
+    let mut by_language = vec![Tally::default(); 1 << 16];
+    let mut by_source = vec![Tally::default(); if with_sources { 1 << 16 } else { 0 }];
+    let mut by_corpus = vec![Tally::default(); mix.corpus_ends.len().max(1)];
+    let cells = for_each_cell(input.languages, mix, config, |i, cell| {
+        let (secs, u) = (input.durations.get(i), u64::from(uses[i]));
+        by_language[input.languages[i] as usize].add(secs, u, 0.0);
+        by_corpus[cell.corpus as usize].add(secs, u, 0.0);
+        if with_sources {
+            by_source[mix.sources[i] as usize].add(secs, u, cell.target / cell.utterances as f64);
+        }
+    })?;
+    for c in &cells {
+        by_language[c.language as usize].target += c.target;
+        by_corpus[c.corpus as usize].target += c.target;
     }
-    let epoch_total: u64 = epoch_counts.iter().sum();
-    let present: Vec<usize> = (0..counts.len()).filter(|&l| counts[l] > 0).collect();
+    let epoch_total: u64 = by_language.iter().map(|t| t.epoch).sum();
     let n = input.languages.len() as f64;
-    let mut out: Vec<LanguageReport> = present
+    let name =
+        |names: &[String], k: usize| names.get(k).cloned().unwrap_or_else(|| format!("#{k}"));
+    let mut languages: Vec<LanguageReport> = by_language
         .iter()
-        .map(|&l| LanguageReport {
-            language: input.language_names.get(l).cloned().unwrap_or_else(|| format!("#{l}")),
-            utterances: counts[l],
-            hours: secs[l] / 3600.0,
-            corpus_share: counts[l] as f64 / n,
-            target_share: targets[l],
-            early_share: fraction(early_counts[l], early_total),
-            epoch_share: fraction(epoch_counts[l], epoch_total),
-            max_repeats: max_repeats[l],
-            unused: unused[l],
+        .enumerate()
+        .filter(|(_, t)| t.utterances > 0)
+        .map(|(l, t)| {
+            let g = t.group(name(input.language_names, l), n, epoch_total);
+            LanguageReport {
+                language: g.name,
+                utterances: g.utterances,
+                hours: g.hours,
+                corpus_share: g.corpus_share,
+                target_share: g.target_share,
+                early_share: fraction(early_counts[l], early_total),
+                epoch_share: g.epoch_share,
+                max_repeats: g.max_repeats,
+                unused: g.unused,
+            }
         })
         .collect();
-    out.sort_by(|a, b| b.utterances.cmp(&a.utterances).then(a.language.cmp(&b.language)));
-    out
+    languages.sort_by(|a, b| b.utterances.cmp(&a.utterances).then(a.language.cmp(&b.language)));
+    let groups = |tallies: &[Tally], names: &[String]| -> Vec<GroupReport> {
+        tallies
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.utterances > 0)
+            .map(|(k, t)| t.group(name(names, k), n, epoch_total))
+            .collect()
+    };
+    let mut sources = groups(&by_source, input.source_names);
+    sources.sort_by(|a, b| b.utterances.cmp(&a.utterances).then(a.name.cmp(&b.name)));
+    // Corpora in training-set order (their ids are positions).
+    let corpora = if by_corpus.len() > 1 {
+        let names = input.corpus_names;
+        by_corpus.iter().enumerate().map(|(k, t)| t.group(name(names, k), n, epoch_total)).collect()
+    } else {
+        Vec::new()
+    };
+    Ok((languages, sources, corpora))
 }

@@ -25,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::pyrandom::PyRandom;
-use crate::rng::{quota_key, quota_seed};
+use crate::rng::{cell_seed, quota_key, quota_seed};
 
 /// Duration bucket boundaries of the Python sampler, in seconds.
 pub const DEFAULT_BOUNDARIES: [f64; 5] = [3.0, 5.0, 8.0, 12.0, 16.0];
@@ -79,6 +79,12 @@ pub struct SamplerConfig {
     /// For this many optimizer steps at the start of each epoch, each rank takes its shortest
     /// batches first, shortest to longest (0: off, the Python sampler's behaviour).
     pub curriculum_steps: u64,
+    /// `temperature` mode only: also give each source its own quota inside each language, the
+    /// sources' shares of the language being `(weighted count)^source_temperature`, normalised
+    /// (1: in proportion to their size, 0: equal). Unset: a language's quota is split between
+    /// the corpora of a training set in proportion to their weighted counts, sources ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_temperature: Option<f64>,
 }
 
 impl Default for SamplerConfig {
@@ -90,6 +96,7 @@ impl Default for SamplerConfig {
             max_batch_seconds: 90.0,
             seed: 0,
             curriculum_steps: 0,
+            source_temperature: None,
         }
     }
 }
@@ -149,6 +156,267 @@ impl Durations<'_> {
             Durations::Samples { samples, rate } => f64::from(samples[i]) / rate,
         }
     }
+}
+
+/// What a training set of several corpora adds to the (duration, language) arrays: where each
+/// corpus's utterances are, the corpora's weights and every utterance's source. The default is
+/// one corpus of weight 1 and one source.
+///
+/// `temperature` mode draws its quotas per *cell*: the utterances of one language in one corpus
+/// (and, with `source_temperature`, from one source). A language's size before temperature is
+/// the weighted count of its utterances (weight x count, summed over corpora), and its quota is
+/// split between its cells in proportion to their weighted counts (or their power
+/// `source_temperature` when sources are split). `seed` mode takes every utterance of every
+/// corpus once and accepts neither weights nor per-source quotas.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mix<'a> {
+    /// End (exclusive) of each corpus's utterances in the arrays, ascending, the last equal to the
+    /// utterance count; empty: one corpus.
+    pub corpus_ends: &'a [u32],
+    /// Weight of each corpus (> 0, finite); empty: all 1.
+    pub weights: &'a [f64],
+    /// Source id of each utterance (read only with `source_temperature`); empty: one source.
+    pub sources: &'a [u16],
+}
+
+impl Mix<'_> {
+    fn corpora(&self) -> usize {
+        self.corpus_ends.len().max(1)
+    }
+
+    fn weight(&self, corpus: usize) -> f64 {
+        self.weights.get(corpus).copied().unwrap_or(1.0)
+    }
+}
+
+/// One quota cell of `temperature` mode (see [`Mix`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// Language id.
+    pub language: u16,
+    /// Corpus of the training set.
+    pub corpus: u16,
+    /// Source id, when sources are split (`source_temperature`); otherwise 0.
+    pub source: u16,
+    /// Utterances in the cell.
+    pub utterances: u64,
+    /// Weight of the cell's corpus.
+    pub weight: f64,
+    /// The cell's target share of an epoch: its language's share after temperature times the
+    /// cell's share of that language.
+    pub target: f64,
+    /// Draws per epoch (largest remainders: within one draw of `target x utterances`).
+    pub quota: u64,
+}
+
+/// The cells of a training set, in first-appearance order, and how to find an utterance's cell.
+struct CellTable {
+    cells: Vec<Cell>,
+    /// Dense (corpus, source, language) code -> cell, `u32::MAX` where no utterance falls.
+    cell_of_code: Vec<u32>,
+    /// Language id -> dense language; `None`: the identity (one corpus, one source).
+    dense_language: Option<Vec<u32>>,
+    /// Source id -> dense source, when sources are split.
+    dense_source: Option<Vec<u32>>,
+    n_languages: usize,
+    n_sources: usize,
+    /// Languages in first-appearance order, each with its cells in first-appearance order.
+    by_language: Vec<(u16, Vec<u32>)>,
+}
+
+/// At most this many (corpus, source, language) codes: bounds the table's memory (16 MiB).
+const MAX_CELL_CODES: usize = 1 << 22;
+
+/// Ids in first-appearance order -> 0, 1, 2, ... (`u32::MAX` for absent ids), and their count.
+fn dense_ids(ids: &[u16]) -> (Vec<u32>, usize) {
+    let mut map = vec![u32::MAX; 1 << 16];
+    let mut n = 0u32;
+    for &x in ids {
+        if map[x as usize] == u32::MAX {
+            map[x as usize] = n;
+            n += 1;
+        }
+    }
+    (map, n as usize)
+}
+
+impl CellTable {
+    /// The cells of `languages` under `mix` (checked by [`check_mix`]), with each cell's target
+    /// share and quota for an epoch of `languages.len()` draws.
+    fn build(
+        languages: &[u16],
+        mix: &Mix<'_>,
+        config: &SamplerConfig,
+    ) -> Result<CellTable, PlanError> {
+        let split = config.source_temperature.is_some() && !mix.sources.is_empty();
+        let (dense_source, n_sources) = if split {
+            let (map, n) = dense_ids(mix.sources);
+            (Some(map), n.max(1))
+        } else {
+            (None, 1)
+        };
+        // One corpus and one source: the language id is the code (no remapping pass).
+        let (dense_language, n_languages) = if mix.corpora() * n_sources == 1 {
+            (None, 1 << 16)
+        } else {
+            let (map, n) = dense_ids(languages);
+            (Some(map), n.max(1))
+        };
+        let codes = mix.corpora() * n_sources * n_languages;
+        if codes > MAX_CELL_CODES {
+            return Err(PlanError::Invalid(format!(
+                "{} corpora x {n_sources} sources x {n_languages} languages make more than \
+                 {MAX_CELL_CODES} quota cells",
+                mix.corpora(),
+            )));
+        }
+        let mut t = CellTable {
+            cells: Vec::new(),
+            cell_of_code: vec![u32::MAX; codes],
+            dense_language,
+            dense_source,
+            n_languages,
+            n_sources,
+            by_language: Vec::new(),
+        };
+        for (corpus, range) in corpus_ranges(mix, languages.len()) {
+            for i in range {
+                let code = t.code(corpus, i, languages, mix);
+                let mut cell = t.cell_of_code[code];
+                if cell == u32::MAX {
+                    cell = t.cells.len() as u32;
+                    t.cell_of_code[code] = cell;
+                    t.cells.push(Cell {
+                        language: languages[i],
+                        corpus: corpus as u16,
+                        source: if split { mix.sources[i] } else { 0 },
+                        utterances: 0,
+                        weight: mix.weight(corpus),
+                        target: 0.0,
+                        quota: 0,
+                    });
+                }
+                t.cells[cell as usize].utterances += 1;
+            }
+        }
+        let mut slot = vec![u32::MAX; 1 << 16];
+        for (c, cell) in t.cells.iter().enumerate() {
+            let l = cell.language as usize;
+            if slot[l] == u32::MAX {
+                slot[l] = t.by_language.len() as u32;
+                t.by_language.push((cell.language, Vec::new()));
+            }
+            t.by_language[slot[l] as usize].1.push(c as u32);
+        }
+
+        // Languages' shares after temperature, over their weighted counts, summed in
+        // first-appearance order (for one corpus: exactly the Python sampler's shares).
+        let size = |c: &Cell| c.weight * c.utterances as f64;
+        let language_sizes: Vec<f64> = t
+            .by_language
+            .iter()
+            .map(|(_, cells)| cells.iter().map(|&c| size(&t.cells[c as usize])).sum())
+            .collect();
+        let shares = powered_shares(&language_sizes, config.temperature);
+        let total = languages.len() as u64;
+        let exact: Vec<f64> = shares.iter().map(|s| s * total as f64).collect();
+        let quotas = largest_remainder(&exact, total);
+        let within = if split { config.source_temperature.unwrap_or(1.0) } else { 1.0 };
+        for (k, (_, cells)) in t.by_language.iter().enumerate() {
+            if let [c] = cells[..] {
+                let cell = &mut t.cells[c as usize];
+                (cell.target, cell.quota) = (shares[k], quotas[k]);
+                continue;
+            }
+            let sizes: Vec<f64> = cells.iter().map(|&c| size(&t.cells[c as usize])).collect();
+            let fractions = powered_shares(&sizes, within);
+            let exact: Vec<f64> = fractions.iter().map(|f| f * quotas[k] as f64).collect();
+            let cell_quotas = largest_remainder(&exact, quotas[k]);
+            for ((&c, f), q) in cells.iter().zip(&fractions).zip(cell_quotas) {
+                let cell = &mut t.cells[c as usize];
+                (cell.target, cell.quota) = (shares[k] * f, q);
+            }
+        }
+        Ok(t)
+    }
+
+    /// The dense code of utterance `i`, of corpus `corpus`.
+    #[inline]
+    fn code(&self, corpus: usize, i: usize, languages: &[u16], mix: &Mix<'_>) -> usize {
+        let s = self.dense_source.as_ref().map_or(0, |m| m[mix.sources[i] as usize] as usize);
+        let l = languages[i] as usize;
+        let l = self.dense_language.as_ref().map_or(l, |m| m[l] as usize);
+        (corpus * self.n_sources + s) * self.n_languages + l
+    }
+
+    /// Epoch `epoch`'s draws (see [`epoch_draws_mixed`]).
+    fn draws(
+        &self,
+        languages: &[u16],
+        mix: &Mix<'_>,
+        config: &SamplerConfig,
+        epoch: u64,
+    ) -> Vec<u32> {
+        // Utterances of each cell, in index order (a counting sort over the cells).
+        let mut start = vec![0usize; self.cells.len() + 1];
+        for (c, cell) in self.cells.iter().enumerate() {
+            start[c + 1] = start[c] + cell.utterances as usize;
+        }
+        let mut members = vec![0u32; languages.len()];
+        let mut fill = start.clone();
+        for (corpus, range) in corpus_ranges(mix, languages.len()) {
+            for i in range {
+                let c = self.cell_of_code[self.code(corpus, i, languages, mix)] as usize;
+                members[fill[c]] = i as u32;
+                fill[c] += 1;
+            }
+        }
+        drop(fill);
+
+        let mut draws = Vec::with_capacity(languages.len());
+        let mut keys: Vec<u64> = Vec::new();
+        for &c in self.by_language.iter().flat_map(|(_, cells)| cells) {
+            let cell = &self.cells[c as usize];
+            let members = &members[start[c as usize]..start[c as usize + 1]];
+            let (n, q) = (cell.utterances, cell.quota);
+            let base = cell_seed(config.seed, cell.corpus, cell.source);
+            let (mut pos, end) =
+                (epoch.saturating_mul(q), epoch.saturating_add(1).saturating_mul(q));
+            while pos < end {
+                let cycle = pos / n;
+                let from = (pos - cycle * n) as usize;
+                let to = (end.min((cycle + 1) * n) - cycle * n) as usize;
+                // (key, position) packed in a u64: distinct, and ordered as the permutation is.
+                let cycle_seed = quota_seed(base, cell.language, cycle);
+                keys.clear();
+                keys.extend(
+                    (0..members.len() as u64)
+                        .map(|k| u64::from(quota_key(cycle_seed, k)) << 32 | k),
+                );
+                // The permutation's places `from..to`: the `to` smallest keys, less the `from`
+                // smallest of those.
+                if to < keys.len() {
+                    keys.select_nth_unstable(to);
+                    keys.truncate(to);
+                }
+                if from > 0 {
+                    keys.select_nth_unstable(from);
+                }
+                draws.extend(keys[from..].iter().map(|&x| members[(x & 0xFFFF_FFFF) as usize]));
+                pos = (cycle + 1) * n;
+            }
+        }
+        draws
+    }
+}
+
+/// Each corpus of `mix` with its range of utterance indices.
+fn corpus_ranges<'a>(
+    mix: &'a Mix<'_>,
+    n: usize,
+) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'a {
+    let end = move |c: usize| mix.corpus_ends.get(c).map_or(n, |&e| e as usize);
+    (0..mix.corpora()).map(move |c| (c, if c == 0 { 0 } else { end(c - 1) }..end(c)))
 }
 
 /// One stretch of an epoch run with one world size and gradient accumulation.
@@ -223,7 +491,23 @@ impl EpochPlan {
         world_size: u32,
         grad_accum: u32,
     ) -> Result<EpochPlan, PlanError> {
+        let mix = Mix::default();
+        EpochPlan::build_mixed(durations, languages, &mix, config, epoch, world_size, grad_accum)
+    }
+
+    /// [`EpochPlan::build`] for a training set of several corpora (see [`Mix`]): the arrays are
+    /// the corpora's, concatenated in order.
+    pub fn build_mixed(
+        durations: Durations<'_>,
+        languages: &[u16],
+        mix: &Mix<'_>,
+        config: &SamplerConfig,
+        epoch: u64,
+        world_size: u32,
+        grad_accum: u32,
+    ) -> Result<EpochPlan, PlanError> {
         check(&durations, languages, config, world_size, grad_accum)?;
+        check_mix(languages.len(), mix, config)?;
         let mut rng = PyRandom::new(config.seed.wrapping_add(epoch));
         let packed = match config.mode {
             SamplerMode::Seed => {
@@ -232,7 +516,8 @@ impl EpochPlan {
                 pack(&durations, None, weight, config, &mut rng)
             }
             SamplerMode::Temperature => {
-                let draws = epoch_draws(languages, config, epoch);
+                let draws =
+                    CellTable::build(languages, mix, config)?.draws(languages, mix, config, epoch);
                 pack(&durations, Some(draws), |_| 1.0, config, &mut rng)
             }
         };
@@ -276,13 +561,25 @@ impl EpochPlan {
         config: &SamplerConfig,
         state: &SamplerState,
     ) -> Result<EpochPlan, PlanError> {
+        EpochPlan::restore_mixed(durations, languages, &Mix::default(), config, state)
+    }
+
+    /// [`EpochPlan::restore`] for a training set of several corpora.
+    pub fn restore_mixed(
+        durations: Durations<'_>,
+        languages: &[u16],
+        mix: &Mix<'_>,
+        config: &SamplerConfig,
+        state: &SamplerState,
+    ) -> Result<EpochPlan, PlanError> {
         let first = state.segments.first().ok_or_else(|| PlanError::Resume("no segment".into()))?;
         if first.start_step != 0 {
             return Err(PlanError::Resume("the first segment must start at step 0".into()));
         }
-        let mut plan = EpochPlan::build(
+        let mut plan = EpochPlan::build_mixed(
             durations,
             languages,
+            mix,
             config,
             state.epoch,
             first.world_size,
@@ -524,12 +821,92 @@ fn check(
     Ok(())
 }
 
+/// Builds the quota cells of a training set and calls `f(utterance, its cell)` for every
+/// utterance in order; returns the cells (see [`quota_cells`]).
+pub(crate) fn for_each_cell(
+    languages: &[u16],
+    mix: &Mix<'_>,
+    config: &SamplerConfig,
+    mut f: impl FnMut(usize, &Cell),
+) -> Result<Vec<Cell>, PlanError> {
+    check_mix(languages.len(), mix, config)?;
+    let t = CellTable::build(languages, mix, config)?;
+    for (corpus, range) in corpus_ranges(mix, languages.len()) {
+        for i in range {
+            f(i, &t.cells[t.cell_of_code[t.code(corpus, i, languages, mix)] as usize]);
+        }
+    }
+    Ok(t.cells)
+}
+
+/// Checks that `mix` describes `n` utterances and fits the mode.
+fn check_mix(n: usize, mix: &Mix<'_>, config: &SamplerConfig) -> Result<(), PlanError> {
+    if !mix.corpus_ends.is_empty()
+        && (mix.corpus_ends.windows(2).any(|w| w[0] > w[1])
+            || mix.corpus_ends.last().map(|&e| e as usize) != Some(n))
+    {
+        return Err(PlanError::Invalid(format!(
+            "corpus ends {:?} do not partition {n} utterances",
+            mix.corpus_ends
+        )));
+    }
+    if !mix.weights.is_empty() && mix.weights.len() != mix.corpora() {
+        return Err(PlanError::Invalid(format!(
+            "{} weights for {} corpora",
+            mix.weights.len(),
+            mix.corpora()
+        )));
+    }
+    if let Some((c, w)) =
+        mix.weights.iter().enumerate().find(|(_, w)| !(w.is_finite() && **w > 0.0))
+    {
+        return Err(PlanError::Invalid(format!("corpus {c}'s weight {w} must be > 0 and finite")));
+    }
+    if !mix.sources.is_empty() && mix.sources.len() != n {
+        return Err(PlanError::LengthMismatch { durations: n, languages: mix.sources.len() });
+    }
+    if config.source_temperature.is_some_and(|t| !t.is_finite()) {
+        return Err(PlanError::Invalid("source temperature must be finite".into()));
+    }
+    if config.mode == SamplerMode::Seed {
+        if mix.weights.iter().any(|&w| w != 1.0) {
+            return Err(PlanError::Invalid(
+                "corpus weights need sampler mode \"temperature\" (seed mode uses every \
+                 utterance once per epoch)"
+                    .into(),
+            ));
+        }
+        if config.source_temperature.is_some() {
+            return Err(PlanError::Invalid(
+                "per-source quotas (source_temperature) need sampler mode \"temperature\"".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Target share of each language id after temperature: `count^T` normalised (every present
 /// language 1 when `T <= 0`), 0 for absent ids. The sum runs in first-appearance order, as the
 /// Python sampler sums its dict, so the shares are bit-identical to its.
 pub fn target_shares(languages: &[u16], temperature: f64) -> (Vec<f64>, Vec<u64>) {
     let (counts, order) = language_counts(languages);
-    (shares(&counts, &order, temperature), counts)
+    let sizes: Vec<f64> = order.iter().map(|&l| counts[l as usize] as f64).collect();
+    let mut shares = vec![0.0; 1 << 16];
+    for (&l, s) in order.iter().zip(powered_shares(&sizes, temperature)) {
+        shares[l as usize] = s;
+    }
+    (shares, counts)
+}
+
+/// The quota cells of a training set in `temperature` mode: language, corpus, source, size,
+/// weight, target share and quota of each (first-appearance order).
+pub fn quota_cells(
+    languages: &[u16],
+    mix: &Mix<'_>,
+    config: &SamplerConfig,
+) -> Result<Vec<Cell>, PlanError> {
+    check_mix(languages.len(), mix, config)?;
+    Ok(CellTable::build(languages, mix, config)?.cells)
 }
 
 /// Utterances per language id, and the ids present in first-appearance order.
@@ -545,15 +922,11 @@ fn language_counts(languages: &[u16]) -> (Vec<u64>, Vec<u16>) {
     (counts, order)
 }
 
-/// `count^T` normalised over the languages of `order`, summed in that order.
-fn shares(counts: &[u64], order: &[u16], temperature: f64) -> Vec<f64> {
-    let w = |c: u64| if temperature <= 0.0 { 1.0 } else { (c as f64).powf(temperature) };
-    let ws: f64 = order.iter().map(|&l| w(counts[l as usize])).sum();
-    let mut shares = vec![0.0; 1 << 16];
-    for &l in order {
-        shares[l as usize] = w(counts[l as usize]) / ws;
-    }
-    shares
+/// `size^T` normalised (every entry the same when `T <= 0`), summed in order.
+fn powered_shares(sizes: &[f64], temperature: f64) -> Vec<f64> {
+    let w = |s: f64| if temperature <= 0.0 { 1.0 } else { s.powf(temperature) };
+    let ws: f64 = sizes.iter().map(|&s| w(s)).sum();
+    sizes.iter().map(|&s| w(s) / ws).collect()
 }
 
 /// Per-utterance sampling weight of each language id, as the Python sampler computes it: the
@@ -578,62 +951,34 @@ pub fn language_weights(languages: &[u16], temperature: f64) -> Vec<f64> {
 /// a slice of it is found by selection, not by sorting (the draws' order does not matter: packing
 /// orders them). Cost: per permutation the epoch reaches into, one key per utterance of the
 /// language and two linear-time selections, all sequential in memory.
-pub fn epoch_draws(languages: &[u16], config: &SamplerConfig, epoch: u64) -> Vec<u32> {
-    let (counts, order) = language_counts(languages);
-    let total = languages.len() as u64;
-    let quotas = quotas(&order, &shares(&counts, &order, config.temperature), total);
-    // Utterances of each language, in index order (a counting sort over the counts).
-    let mut start = vec![0usize; (1 << 16) + 1];
-    for (l, &c) in counts.iter().enumerate() {
-        start[l + 1] = start[l] + c as usize;
-    }
-    let mut by_language = vec![0u32; languages.len()];
-    let mut fill = start.clone();
-    for (i, &l) in languages.iter().enumerate() {
-        by_language[fill[l as usize]] = i as u32;
-        fill[l as usize] += 1;
-    }
-    drop(fill);
-
-    let mut draws = Vec::with_capacity(languages.len());
-    let mut keys: Vec<u64> = Vec::new();
-    for (&l, &q) in order.iter().zip(&quotas) {
-        let members = &by_language[start[l as usize]..start[l as usize + 1]];
-        let n = counts[l as usize];
-        let (mut pos, end) = (epoch.saturating_mul(q), epoch.saturating_add(1).saturating_mul(q));
-        while pos < end {
-            let cycle = pos / n;
-            let from = (pos - cycle * n) as usize;
-            let to = (end.min((cycle + 1) * n) - cycle * n) as usize;
-            // (key, position) packed in a u64: distinct, and ordered as the permutation is.
-            let cycle_seed = quota_seed(config.seed, l, cycle);
-            keys.clear();
-            keys.extend(
-                (0..members.len() as u64).map(|k| u64::from(quota_key(cycle_seed, k)) << 32 | k),
-            );
-            // The permutation's places `from..to`: the `to` smallest keys, less the `from`
-            // smallest of those.
-            if to < keys.len() {
-                keys.select_nth_unstable(to);
-                keys.truncate(to);
-            }
-            if from > 0 {
-                keys.select_nth_unstable(from);
-            }
-            draws.extend(keys[from..].iter().map(|&x| members[(x & 0xFFFF_FFFF) as usize]));
-            pos = (cycle + 1) * n;
-        }
-    }
-    draws
+pub fn epoch_draws(
+    languages: &[u16],
+    config: &SamplerConfig,
+    epoch: u64,
+) -> Result<Vec<u32>, PlanError> {
+    epoch_draws_mixed(languages, &Mix::default(), config, epoch)
 }
 
-/// Draws per language for `total` draws: `total x share`, rounded down, the remaining draws to
-/// the largest fractional parts (ties to the earlier language).
-fn quotas(order: &[u16], shares: &[f64], total: u64) -> Vec<u64> {
-    let exact: Vec<f64> = order.iter().map(|&l| shares[l as usize] * total as f64).collect();
+/// [`epoch_draws`] for a training set: the same per cell (one language of one corpus, and of
+/// one source with `source_temperature`; see [`Mix`]), a cell's permutations seeded with
+/// [`quota_seed`]`(`[`cell_seed`]`(seed, corpus, source), l, c)`; languages in first-appearance
+/// order, each with its cells in first-appearance order.
+pub fn epoch_draws_mixed(
+    languages: &[u16],
+    mix: &Mix<'_>,
+    config: &SamplerConfig,
+    epoch: u64,
+) -> Result<Vec<u32>, PlanError> {
+    check_mix(languages.len(), mix, config)?;
+    Ok(CellTable::build(languages, mix, config)?.draws(languages, mix, config, epoch))
+}
+
+/// Largest remainders: `exact` rounded down, the draws left (`total` less their sum) to the
+/// largest fractional parts (ties to the earlier entry).
+fn largest_remainder(exact: &[f64], total: u64) -> Vec<u64> {
     let mut q: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
     let left = total.saturating_sub(q.iter().sum());
-    let mut by_fraction: Vec<usize> = (0..order.len()).collect();
+    let mut by_fraction: Vec<usize> = (0..exact.len()).collect();
     by_fraction.sort_by(|&a, &b| {
         (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b))
     });

@@ -24,14 +24,24 @@ pub struct TdtModel<B: Backend> {
     pub joint: Joint<B>,
 }
 
+/// Held while a model is built (seed, then every initial draw) and while the generator is
+/// reseeded: Burn's backend generator is global to the process.
+static BACKEND_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Seeds the backend's process-global generator (for dropout) without landing between another
+/// thread's seeding and drawing of a model's initial weights.
+pub fn seed_backend<B: Backend>(device: &B::Device, seed: u64) {
+    let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    B::seed(device, seed);
+}
+
 impl<B: Backend> TdtModel<B> {
     /// A freshly initialised model for `vocab` tokens (blank is `vocab`), its weights drawn
     /// from `seed`. Burn's initialisers draw from the backend's generator, which is global to
     /// the process: every model is built under one lock, right after seeding, so two models
     /// built at once (tests, several devices) cannot take each other's draws.
     pub fn new(cfg: &ModelConfig, vocab: usize, seed: u64, device: &B::Device) -> Self {
-        static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _guard = INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         B::seed(device, seed);
         let outputs = vocab + 1 + cfg.durations.len();
         let model = TdtModel {

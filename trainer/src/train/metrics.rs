@@ -31,6 +31,10 @@ pub struct StepMetrics {
     pub languages: BTreeMap<String, u64>,
     /// Epoch of the batch plan.
     pub epoch: u64,
+    /// The step's utterances, one list per micro-batch, each utterance as [corpus, index]: the
+    /// corpus's position in the training set and the utterance's index in that corpus.
+    #[serde(default)]
+    pub ids: Vec<Vec<[u32; 2]>>,
     /// Validation results, on steps that validated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation: Option<serde_json::Value>,

@@ -21,7 +21,6 @@ pub mod run;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use asr_corpus::Corpus;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
@@ -31,6 +30,7 @@ use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::config::{ConfigError, TrainConfig};
 use crate::data::batcher::{Audio, LoaderError, PaddedBatch};
 use crate::data::sampler::PlanError;
+use crate::data::set::{SetError, TrainingSet};
 use crate::eval::EvalError;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
@@ -70,8 +70,11 @@ pub enum TrainError {
     /// The batch loader stopped.
     #[error("{0}")]
     Loader(#[from] LoaderError),
+    /// The training set cannot be used.
+    #[error("{0}")]
+    Set(#[from] SetError),
     /// A corpus could not be opened.
-    #[error("{}", corpus_message(path, source))]
+    #[error("{}", crate::data::set::open_message(path, source))]
     Corpus {
         /// The corpus.
         path: PathBuf,
@@ -96,14 +99,14 @@ pub enum TrainError {
         /// Why.
         source: std::io::Error,
     },
-    /// An epoch of this corpus has no complete optimizer step.
+    /// An epoch of the training set has no complete optimizer step.
     #[error(
-        "an epoch of this corpus has no optimizer step: {utterances} utterances, \
+        "an epoch of the training set has no optimizer step: {utterances} utterances, \
          sampler.max_batch_seconds {max_batch_seconds} and train.grad_accum {grad_accum} leave \
          no complete step (lower either)"
     )]
     NoSteps {
-        /// Utterances in the corpus.
+        /// Utterances in the training set.
         utterances: usize,
         /// The sampler's batch size in seconds.
         max_batch_seconds: f64,
@@ -113,14 +116,6 @@ pub enum TrainError {
     /// A batch in a form the trainer does not take (a bug in the caller).
     #[error("the trainer takes 16-bit audio batches")]
     BatchFormat,
-}
-
-/// A corpus error that names the corpus once (I/O errors name it themselves).
-fn corpus_message(path: &Path, e: &asr_corpus::FormatError) -> String {
-    match e {
-        asr_corpus::FormatError::Io { .. } => e.to_string(),
-        _ => format!("{}: {e}", path.display()),
-    }
 }
 
 impl TrainError {
@@ -297,7 +292,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0usize, false);
         let (mut audio_seconds, mut utterances) = (0.0, 0u64);
         for batch in batches {
-            B::seed(&self.device, rng::derive(self.cfg.train.seed, Stream::Backend, self.micro));
+            let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
+            crate::model::seed_backend::<B>(&self.device, seed);
             let loss = self.batch_loss(batch, true)?;
             self.micro += 1;
             audio_seconds += batch.seconds;
@@ -356,11 +352,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         (lr, norm, skip)
     }
 
-    /// One optimizer step over `batches`, with the metrics record.
+    /// One optimizer step over `batches` (utterance indices of `set`), with the metrics record.
     pub fn train_step(
         &mut self,
         batches: &[PaddedBatch],
-        corpus: &Corpus,
+        set: &TrainingSet,
         epoch: u64,
     ) -> Result<StepMetrics, TrainError> {
         let started = std::time::Instant::now();
@@ -368,11 +364,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
         let (lr, grad_norm, skipped) = self.apply(g);
         if skipped && self.consecutive_skips > self.cfg.train.max_consecutive_skips {
-            let ids: Vec<String> = batches
-                .iter()
-                .flat_map(|b| b.indices.iter())
-                .map(|&i| corpus.text(i as usize).map(|t| t.0).unwrap_or_else(|_| format!("#{i}")))
-                .collect();
+            let ids: Vec<String> =
+                batches.iter().flat_map(|b| b.indices.iter()).map(|&g| set.segment_id(g)).collect();
             return Err(TrainError::NonFinite {
                 steps: self.consecutive_skips,
                 utterances: ids.join(", "),
@@ -380,10 +373,14 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         }
         let mut languages = BTreeMap::new();
         for b in batches {
-            for &i in &b.indices {
-                *languages.entry(corpus.language_code(i as usize).to_owned()).or_insert(0u64) += 1;
+            for &g in &b.indices {
+                *languages.entry(set.language_name(g).to_owned()).or_insert(0u64) += 1;
             }
         }
+        let ids = batches
+            .iter()
+            .map(|b| b.indices.iter().map(|&g| <[u32; 2]>::from(set.locate(g))).collect())
+            .collect();
         let wall = started.elapsed().as_secs_f64().max(1e-9);
         Ok(StepMetrics {
             step: self.step,
@@ -397,6 +394,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             audio_seconds_per_second: audio_seconds / wall,
             languages,
             epoch,
+            ids,
             validation: None,
         })
     }

@@ -1,4 +1,4 @@
-//! The training loop over a corpus: epochs of batch plans, the background loader, optimizer
+//! The training loop over a training set (one or more corpora): epochs of batch plans, the background loader, optimizer
 //! steps, metrics, checkpoints, resume.
 
 use std::path::{Path, PathBuf};
@@ -12,14 +12,17 @@ use super::{TrainError, Trainer};
 use crate::checkpoint::{self, checkpoint_dir, TrainState};
 use crate::config::TrainConfig;
 use crate::data::batcher::{AudioFormat, Loader, LoaderConfig};
-use crate::data::sampler::{Durations, EpochPlan};
+use crate::data::sampler::EpochPlan;
+use crate::data::set::CorpusIdentity;
+use crate::data::set::{DataSpec, TrainingSet};
 use crate::tdt::op::TdtBackend;
 
 /// Where and how to run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Training corpus.
-    pub corpus: PathBuf,
+    /// The training set: one or more corpora, in order (their utterance ids are
+    /// (position here, index in the corpus)).
+    pub data: Vec<DataSpec>,
     /// Output directory (metrics, plot, checkpoints).
     pub out: PathBuf,
     /// Continue from the newest checkpoint in `out/checkpoints`.
@@ -55,78 +58,88 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
     device: B::Device,
     on_step: &mut dyn FnMut(&StepMetrics, u64),
 ) -> Result<RunSummary, TrainError> {
-    let corpus = Arc::new(open_corpus(&opts.corpus)?);
-    let meta = corpus.metadata();
-    let vocab = meta.tokenizer.vocab_size as usize;
-    if vocab == 0 {
-        return Err(TrainError::WrongCorpus {
-            path: opts.corpus.clone(),
-            why: "the corpus has no tokenizer vocabulary".into(),
-        });
-    }
-    let ckpt_dir = checkpoint_dir(&opts.out);
-    std::fs::create_dir_all(&opts.out).map_err(TrainError::io("creating", &opts.out))?;
-    let mut trainer = Trainer::<B>::new(cfg.clone(), vocab, device)?;
-    let durations = Durations::Samples {
-        samples: corpus.num_samples(),
-        rate: f64::from(corpus.header().sample_rate),
-    };
-    let languages = corpus.languages().to_vec();
-    let tokenizer_xxh3 = meta.tokenizer.model_xxh3.clone();
-
-    let (mut plan, mut epoch_step) = match opts
-        .resume
-        .then(|| checkpoint::latest(&ckpt_dir))
-        .flatten()
-    {
-        Some(ckpt) => {
-            let state = checkpoint::load_state(&ckpt)?;
-            if state.config.model != cfg.model || state.vocab != vocab {
-                return Err(TrainError::WrongCorpus {
-                    path: ckpt,
-                    why: "trained with another model configuration or vocabulary".into(),
-                });
-            }
-            if state.corpus_utterances != corpus.len() as u64
-                || state.tokenizer_xxh3 != tokenizer_xxh3
-            {
-                return Err(TrainError::WrongCorpus {
-                    why: format!(
-                        "trained on another corpus ({} utterances, tokenizer {}) than {} ({} \
-                         utterances, tokenizer {tokenizer_xxh3})",
-                        state.corpus_utterances,
-                        state.tokenizer_xxh3,
-                        opts.corpus.display(),
-                        corpus.len()
-                    ),
-                    path: ckpt,
-                });
-            }
-            trainer.restore(&ckpt, &state)?;
-            let plan = EpochPlan::restore(durations, &languages, &cfg.sampler, &state.sampler)?;
-            (plan, state.sampler.step)
-        }
-        None => {
-            let plan =
-                EpochPlan::build(durations, &languages, &cfg.sampler, 0, 1, cfg.train.grad_accum)?;
-            (plan, 0)
-        }
-    };
-    let mut log = MetricsLog::open(&opts.out, trainer.step)
-        .map_err(TrainError::io("opening the metrics in", &opts.out))?;
+    // Every input is checked before anything is written.
+    let set = Arc::new(TrainingSet::open(&opts.data)?);
+    let (vocab, tokenizer_xxh3) = set.tokenizer();
+    let (vocab, tokenizer_xxh3) = (vocab as usize, tokenizer_xxh3.to_owned());
+    let identity = set.identity();
+    let set_name = || set.corpus_names().join(", ");
     let val = match &opts.val_corpus {
         Some(p) => {
             let c = open_corpus(p)?;
-            if c.metadata().tokenizer.vocab_size as usize != vocab {
+            let t = &c.metadata().tokenizer;
+            if t.vocab_size as usize != vocab || t.model_xxh3 != tokenizer_xxh3 {
                 return Err(TrainError::WrongCorpus {
                     path: p.clone(),
-                    why: "another vocabulary than the training corpus".into(),
+                    why: format!(
+                        "tokenized with another model (xxh3 {}, V={}) than the training set \
+                         (xxh3 {tokenizer_xxh3}, V={vocab})",
+                        t.model_xxh3, t.vocab_size
+                    ),
                 });
             }
             Some(c)
         }
         None => None,
     };
+    let (durations, languages, mix) = (set.durations(), set.languages(), set.mix());
+    let ckpt_dir = checkpoint_dir(&opts.out);
+    let resume_from = opts.resume.then(|| checkpoint::latest(&ckpt_dir)).flatten();
+    let resume_state = match &resume_from {
+        Some(ckpt) => {
+            let state = checkpoint::load_state(ckpt)?;
+            if state.config.model != cfg.model || state.vocab != vocab {
+                return Err(TrainError::WrongCorpus {
+                    path: ckpt.clone(),
+                    why: "trained with another model configuration or vocabulary".into(),
+                });
+            }
+            if state.corpus_utterances != set.len() as u64 || state.tokenizer_xxh3 != tokenizer_xxh3
+            {
+                return Err(TrainError::WrongCorpus {
+                    why: format!(
+                        "trained on another training set ({} utterances, tokenizer {}) than {} \
+                         ({} utterances, tokenizer {tokenizer_xxh3})",
+                        state.corpus_utterances,
+                        state.tokenizer_xxh3,
+                        set_name(),
+                        set.len()
+                    ),
+                    path: ckpt.clone(),
+                });
+            }
+            if let Some(why) = identity_mismatch(&state.corpora, &identity) {
+                return Err(TrainError::WrongCorpus { path: ckpt.clone(), why });
+            }
+            Some(state)
+        }
+        None => None,
+    };
+    std::fs::create_dir_all(&opts.out).map_err(TrainError::io("creating", &opts.out))?;
+    let mut trainer = Trainer::<B>::new(cfg.clone(), vocab, device)?;
+
+    let (mut plan, mut epoch_step) = match (&resume_from, &resume_state) {
+        (Some(ckpt), Some(state)) => {
+            trainer.restore(ckpt, state)?;
+            let plan =
+                EpochPlan::restore_mixed(durations, languages, &mix, &cfg.sampler, &state.sampler)?;
+            (plan, state.sampler.step)
+        }
+        _ => {
+            let plan = EpochPlan::build_mixed(
+                durations,
+                languages,
+                &mix,
+                &cfg.sampler,
+                0,
+                1,
+                cfg.train.grad_accum,
+            )?;
+            (plan, 0)
+        }
+    };
+    let mut log = MetricsLog::open(&opts.out, trainer.step)
+        .map_err(TrainError::io("opening the metrics in", &opts.out))?;
     let target = opts.stop_at.unwrap_or(cfg.train.max_steps).min(cfg.train.max_steps);
     let mut summary =
         RunSummary { steps: trainer.step, skipped: 0, checkpoint: None, metrics: Vec::new() };
@@ -140,8 +153,9 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             consecutive_skips: trainer.consecutive_skips,
             vocab,
             config: cfg.clone(),
-            corpus_utterances: corpus.len() as u64,
+            corpus_utterances: set.len() as u64,
             tokenizer_xxh3: tokenizer_xxh3.clone(),
+            corpora: identity.clone(),
         };
         trainer.save(&ckpt_dir, &state, cfg.train.keep_checkpoints)
     };
@@ -151,13 +165,13 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
     while trainer.step < target {
         if plan.steps() == 0 {
             return Err(TrainError::NoSteps {
-                utterances: corpus.len(),
+                utterances: set.len(),
                 max_batch_seconds: cfg.sampler.max_batch_seconds,
                 grad_accum: cfg.train.grad_accum,
             });
         }
         let loader = Loader::start(
-            Arc::clone(&corpus),
+            Arc::clone(&set),
             Arc::new(plan.clone()),
             0,
             epoch_step,
@@ -170,7 +184,7 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
         );
         for loaded in loader.steps() {
             let loaded = loaded?;
-            let mut m = trainer.train_step(&loaded.batches, &corpus, plan.epoch())?;
+            let mut m = trainer.train_step(&loaded.batches, &set, plan.epoch())?;
             let every = cfg.train.val_every;
             if let (Some(vc), true) = (&val, every > 0 && trainer.step % every == 0) {
                 let n = cfg.train.val_utterances.min(vc.len());
@@ -197,9 +211,10 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
             break;
         }
         // Next epoch.
-        plan = EpochPlan::build(
+        plan = EpochPlan::build_mixed(
             durations,
-            &languages,
+            languages,
+            &mix,
             &cfg.sampler,
             plan.epoch() + 1,
             1,
@@ -211,6 +226,54 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
     summary.steps = trainer.step;
     summary.skipped = trainer.skipped;
     Ok(summary)
+}
+
+/// Why a checkpoint's training set is not `now` (`None`: it is, or the checkpoint predates
+/// training sets and the utterance count and tokenizer, checked by the caller, are all it has).
+fn identity_mismatch(saved: &[CorpusIdentity], now: &[CorpusIdentity]) -> Option<String> {
+    if saved.is_empty() {
+        return None;
+    }
+    let list = |l: &[CorpusIdentity]| {
+        l.iter().map(|c| c.path.display().to_string()).collect::<Vec<_>>().join(", ")
+    };
+    if saved.len() != now.len() {
+        return Some(format!(
+            "trained on {} corpora ({}), resumed with {} ({})",
+            saved.len(),
+            list(saved),
+            now.len(),
+            list(now)
+        ));
+    }
+    for (k, (a, b)) in saved.iter().zip(now).enumerate() {
+        if (a.utterances, a.samples) != (b.utterances, b.samples) {
+            return Some(format!(
+                "corpus {k} of the training set was {} ({} utterances, {} samples), now {} ({} \
+                 utterances, {} samples): the same corpora, in the same order, are needed",
+                a.path.display(),
+                a.utterances,
+                a.samples,
+                b.path.display(),
+                b.utterances,
+                b.samples
+            ));
+        }
+        if (a.weight, &a.language, &a.source) != (b.weight, &b.language, &b.source) {
+            return Some(format!(
+                "corpus {k} of the training set ({}) had weight {} and overrides {:?}/{:?}, now \
+                 {} and {:?}/{:?}: the epoch plans would differ",
+                b.path.display(),
+                a.weight,
+                a.language,
+                a.source,
+                b.weight,
+                b.language,
+                b.source
+            ));
+        }
+    }
+    None
 }
 
 /// [`run`] on the CPU backend. Instantiated here, in this (optimised) crate, so that callers in

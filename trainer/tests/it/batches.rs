@@ -34,7 +34,7 @@ fn assembled_batches_match_a_naive_copy() {
         let c = corpus(60, vocab);
         let idx = [5u32, 0, 17, 59, 33];
         for format in [AudioFormat::I16, AudioFormat::F32] {
-            let b = assemble(&c, &idx, shape, format);
+            let b = assemble(&*c, &idx, shape, format);
             let longest = idx.iter().map(|&i| c.pcm(i as usize).len()).max().unwrap();
             let most = idx.iter().map(|&i| c.tokens(i as usize).len()).max().unwrap();
             let round =

@@ -10,6 +10,7 @@ mod plan_cli;
 mod resume;
 mod tdt;
 mod temperature;
+mod training_set;
 
 /// Durations and languages as the benchmarks use them.
 pub fn synthetic(n: usize, n_langs: u16, seed: u64, median: f64) -> (Vec<f64>, Vec<u16>) {

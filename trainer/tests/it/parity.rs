@@ -59,6 +59,7 @@ fn plans_equal_the_python_samplers() {
             max_batch_seconds: max_secs,
             seed,
             curriculum_steps: 0,
+            source_temperature: None,
         };
         let plan =
             EpochPlan::build(Durations::Seconds(&d), &l, &config, epoch, world, accum).unwrap();

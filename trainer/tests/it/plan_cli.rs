@@ -110,7 +110,86 @@ fn plan_errors_exit_2_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rank 3 is outside --world-size 1"));
     let out = asrt(&["plan", "/nonexistent.asrcorpus"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("opening corpus /nonexistent.asrcorpus"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.asrcorpus"));
     let out = asrt(&["plan", p, "--world-size", "0"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn plan_of_a_training_set_reports_corpora_and_sources_and_lists_pairs() {
+    use crate::training_set::write_corpus;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = write_corpus(d, "a.asrcorpus", &["en", "hi"], &["read", "conv"], 300, 1, b"m");
+    let b = write_corpus(d, "b.asrcorpus", &["hi", "ta"], &["podcast"], 100, 2, b"m");
+    let (pa, pb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let out = asrt(&["plan", pa, pb, "--json", "--source-temperature", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["utterances"], 400);
+    let corpora = r["corpora"].as_array().unwrap();
+    assert_eq!(corpora.len(), 2);
+    assert_eq!(
+        (corpora[0]["name"].as_str(), corpora[0]["utterances"].as_u64()),
+        (Some(pa), Some(300))
+    );
+    let sum = |rows: &serde_json::Value, key: &str| -> f64 {
+        rows.as_array().unwrap().iter().map(|x| x[key].as_f64().unwrap()).sum()
+    };
+    for rows in [&r["corpora"], &r["sources"], &r["languages"]] {
+        assert!((sum(rows, "target_share") - 1.0).abs() < 1e-9, "{rows}");
+        assert!((sum(rows, "epoch_share") - 1.0).abs() < 1e-9, "{rows}");
+    }
+    // Every source of both corpora has its row.
+    let sources: Vec<&str> =
+        r["sources"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(sources.len(), 3, "{sources:?}");
+
+    let out = asrt(&["plan", pa, pb, "--batches"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut corpora_seen = std::collections::BTreeSet::new();
+    for mb in v["micro_batches"].as_array().unwrap() {
+        for pair in mb.as_array().unwrap() {
+            let (c, i) = (pair[0].as_u64().unwrap(), pair[1].as_u64().unwrap());
+            assert!(i < [300, 100][c as usize]);
+            corpora_seen.insert(c);
+        }
+    }
+    assert_eq!(corpora_seen.len(), 2);
+
+    // The config's [[data]]: paths relative to the file, weights and overrides.
+    let cfg = d.join("train.toml");
+    std::fs::write(
+        &cfg,
+        "[[data]]\npath = \"a.asrcorpus\"\n[[data]]\npath = \"b.asrcorpus\"\nweight = 4.0\n\
+         language = \"xx\"\n",
+    )
+    .unwrap();
+    let out = asrt(&["plan", "--config", cfg.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let langs: Vec<&str> = r["languages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["language"].as_str().unwrap())
+        .collect();
+    assert!(langs.contains(&"xx") && !langs.contains(&"ta"), "{langs:?}");
+    let b_row = &r["corpora"][1];
+    assert!(b_row["target_share"].as_f64() > b_row["corpus_share"].as_f64(), "{b_row}");
+    // Corpora on both the command line and in the config: refused.
+    let out = asrt(&["plan", pa, "--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("both on the command line"));
+
+    // Another tokenizer: refused, both files named.
+    let other = write_corpus(d, "other.asrcorpus", &["en"], &["read"], 50, 3, b"another model");
+    let out = asrt(&["plan", pa, other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains(pa) && e.contains("other.asrcorpus"), "{e}");
+    let out = asrt(&["plan"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no training corpus"));
 }
