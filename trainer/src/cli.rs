@@ -95,8 +95,13 @@ pub struct TrainArgs {
     #[arg(long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub val_corpus: Option<PathBuf>,
     /// `cpu`, or `cuda:N` (needs a build with --features cuda).
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: String,
+    /// Data-parallel: one rank per listed device of this process (`cpu,cpu` or
+    /// `cuda:0,cuda:1,...`); with RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS) and
+    /// MASTER_ADDR/MASTER_PORT set, this process is one of several (one per node).
+    #[arg(long, value_name = "LIST")]
+    pub devices: Option<String>,
     /// No progress bar.
     #[arg(short, long)]
     pub quiet: bool,

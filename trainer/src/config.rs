@@ -157,6 +157,9 @@ pub struct LoopConfig {
     pub seed: u64,
     /// Background batch-assembly threads.
     pub loader_workers: usize,
+    /// Data-parallel runs: how long a rank waits for the others at a step (or to connect) before
+    /// stopping with the name of the missing rank (covers validation, which rank 0 runs alone).
+    pub collective_timeout_seconds: f64,
 }
 
 impl Default for LoopConfig {
@@ -171,6 +174,7 @@ impl Default for LoopConfig {
             val_utterances: 200,
             seed: 0,
             loader_workers: 2,
+            collective_timeout_seconds: 600.0,
         }
     }
 }

@@ -54,9 +54,14 @@ pub use model::mel::MelFrontend;
 pub use model::{ModelConfig, TdtModel};
 pub use tokenizer::{Pieces, TokenizerError};
 // Training.
+pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
+pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
-pub use train::run::{run, run_cpu, RunOptions, RunSummary};
-pub use train::{StepGradients, TrainError, Trainer};
+pub use train::parallel::{reduce, sync_buffers, RankStep};
+pub use train::run::{
+    run, run_cpu, run_cpu_ranks, run_ranks, ProcessGroup, RunOptions, RunSummary,
+};
+pub use train::{RankBatches, StepGradients, TrainError, Trainer};
 
 /// Runs one `asrt` command line; the binary maps the error to exit code 2.
 pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {

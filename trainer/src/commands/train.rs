@@ -9,7 +9,7 @@ use super::{parse_device, Device};
 use crate::cli::TrainArgs;
 use crate::config::TrainConfig;
 use crate::train::metrics::StepMetrics;
-use crate::train::run::RunOptions;
+use crate::train::run::{ProcessGroup, RunOptions};
 
 fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     let mut cfg = match &args.config {
@@ -21,6 +21,71 @@ fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     }
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// One CUDA device.
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    cfg: TrainConfig,
+    opts: &RunOptions,
+    devices: &[Device],
+    on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> anyhow::Result<crate::train::run::RunSummary> {
+    let n = match devices {
+        [Device::Cuda(n)] => *n,
+        _ => anyhow::bail!("one CUDA device expected"),
+    };
+    Ok(crate::train::run::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
+        cfg,
+        opts,
+        burn::backend::cuda::CudaDevice::new(n),
+        on_step,
+    )?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _cfg: TrainConfig,
+    _opts: &RunOptions,
+    _devices: &[Device],
+    _on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> anyhow::Result<crate::train::run::RunSummary> {
+    anyhow::bail!("this asrt was built without CUDA (parse_device refuses cuda:N)")
+}
+
+/// The process group the environment describes: `RANK` and `WORLD_SIZE` (torchrun and similar
+/// launchers), or `SLURM_PROCID` and `SLURM_NTASKS` (`srun`); with more than one process,
+/// `MASTER_ADDR` (required) and `MASTER_PORT` (default 29500) say where process 0 listens.
+pub(crate) fn process_group(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<ProcessGroup>> {
+    let number = |k: &str| -> anyhow::Result<Option<usize>> {
+        env(k)
+            .map(|v| {
+                v.trim().parse::<usize>().map_err(|_| anyhow::anyhow!("{k}={v}: not a number"))
+            })
+            .transpose()
+    };
+    let (rank, count) = match (number("RANK")?, number("WORLD_SIZE")?) {
+        (Some(r), Some(w)) => (r, w),
+        (None, None) => match (number("SLURM_PROCID")?, number("SLURM_NTASKS")?) {
+            (Some(r), Some(w)) => (r, w),
+            _ => return Ok(None),
+        },
+        _ => anyhow::bail!("RANK and WORLD_SIZE must be set together"),
+    };
+    if count <= 1 {
+        return Ok(None);
+    }
+    anyhow::ensure!(rank < count, "process rank {rank} is outside {count} processes");
+    let host = env("MASTER_ADDR").filter(|h| !h.is_empty()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{count} processes but no MASTER_ADDR: set it to process 0's host (under Slurm: \
+             export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1))"
+        )
+    })?;
+    let port = number("MASTER_PORT")?.unwrap_or(29500);
+    Ok(Some(ProcessGroup { rank, count, addr: format!("{host}:{port}") }))
 }
 
 /// Runs `asrt train`.
@@ -68,17 +133,27 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
             eprintln!("asrt: step {}/{target} {msg}", m.step);
         }
     };
-    let summary = match parse_device(&args.device)? {
-        Device::Cpu => crate::train::run::run_cpu(cfg, &opts, &mut on_step)?,
-        #[cfg(feature = "cuda")]
-        Device::Cuda(n) => crate::train::run::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
-            cfg,
-            &opts,
-            burn::backend::cuda::CudaDevice::new(n),
-            &mut on_step,
-        )?,
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => unreachable!("parse_device refuses cuda:N in a build without cuda"),
+    let devices: Vec<Device> = match &args.devices {
+        Some(list) => list.split(',').map(|d| parse_device(d.trim())).collect::<Result<_, _>>()?,
+        None => vec![parse_device(&args.device)?],
+    };
+    let processes = process_group(&|k| std::env::var(k).ok())?;
+    let world = devices.len() * processes.as_ref().map_or(1, |p| p.count);
+    let cpus = devices.iter().filter(|d| matches!(d, Device::Cpu)).count();
+    anyhow::ensure!(
+        cpus == 0 || cpus == devices.len(),
+        "--devices {}: one kind of device per run (all cpu, or all cuda:N)",
+        args.devices.as_deref().unwrap_or_default()
+    );
+    let summary = if cpus > 0 {
+        crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
+    } else {
+        anyhow::ensure!(
+            world == 1,
+            "data-parallel training on CUDA ({world} ranks) needs the NCCL reduction, which this \
+             asrt does not have yet; train on one GPU, or on CPU ranks (--devices cpu,cpu)"
+        );
+        run_cuda(cfg, &opts, &devices, &mut on_step)?
     };
     if let Some(bar) = &bar {
         bar.finish_and_clear();
@@ -94,4 +169,30 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         summary.checkpoint.as_deref().map_or("-".into(), |p| p.display().to_string()),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_group_comes_from_the_launcher_s_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(process_group(&env(&[])).unwrap(), None);
+        assert_eq!(process_group(&env(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap(), None);
+        const TORCHRUN: &[(&str, &str)] =
+            &[("RANK", "2"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "n1"), ("MASTER_PORT", "7")];
+        let want = ProcessGroup { rank: 2, count: 4, addr: "n1:7".into() };
+        assert_eq!(process_group(&env(TORCHRUN)).unwrap(), Some(want));
+        const SLURM: &[(&str, &str)] =
+            &[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("MASTER_ADDR", "n0")];
+        let want = ProcessGroup { rank: 1, count: 2, addr: "n0:29500".into() };
+        assert_eq!(process_group(&env(SLURM)).unwrap(), Some(want));
+        let e = process_group(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")])).unwrap_err();
+        assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+        assert!(process_group(&env(&[("RANK", "x"), ("WORLD_SIZE", "2")])).is_err());
+        assert!(process_group(&env(&[("RANK", "1")])).is_err());
+    }
 }

@@ -407,6 +407,12 @@ impl TrainingSet {
         (c as u32, g - start)
     }
 
+    /// The set's index of utterance `i` of corpus `c` (the inverse of [`TrainingSet::locate`]).
+    pub fn global(&self, c: u32, i: u32) -> u32 {
+        let start = if c == 0 { 0 } else { self.ends[c as usize - 1] };
+        start + i
+    }
+
     /// Samples of every utterance.
     pub fn num_samples(&self) -> &[u32] {
         &self.num_samples

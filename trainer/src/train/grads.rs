@@ -61,3 +61,65 @@ pub fn drop_grads<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &mut Grad
     }
     module.visit(&mut Drop(grads));
 }
+
+/// Every float parameter's gradient in module order, as one array: per parameter a presence
+/// flag (1 if `grads` holds its gradient, else 0) and its values (zeros when absent). The layout
+/// depends only on the module, so every rank's arrays line up.
+pub fn flatten<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &GradientsParams) -> Vec<f32> {
+    struct Flatten<'a> {
+        grads: &'a GradientsParams,
+        out: Vec<f32>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let n = param.val().shape().num_elements();
+            match self.grads.get::<B::InnerBackend, D>(param.id) {
+                Some(g) => {
+                    self.out.push(1.0);
+                    match g.into_data().convert::<f32>().into_vec::<f32>() {
+                        Ok(v) if v.len() == n => self.out.extend(v),
+                        // A gradient that cannot be read counts as non-finite.
+                        _ => self.out.extend(std::iter::repeat_n(f32::NAN, n)),
+                    }
+                }
+                None => {
+                    self.out.push(0.0);
+                    self.out.extend(std::iter::repeat_n(0.0, n));
+                }
+            }
+        }
+    }
+    let mut v = Flatten { grads, out: Vec::new() };
+    module.visit(&mut v);
+    v.out
+}
+
+/// The gradients [`flatten`] laid out (summed over ranks: a parameter is present when any rank
+/// had its gradient), for `module`'s parameters on their devices.
+pub fn unflatten<B: AutodiffBackend, M: Module<B>>(module: &M, flat: &[f32]) -> GradientsParams {
+    struct Unflatten<'a> {
+        flat: &'a [f32],
+        at: usize,
+        out: GradientsParams,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val();
+            let shape = value.shape();
+            let n = shape.num_elements();
+            let Some(values) = self.flat.get(self.at + 1..self.at + 1 + n) else {
+                return;
+            };
+            if self.flat[self.at] > 0.0 {
+                let data = TensorData::new(values.to_vec(), shape);
+                let device = value.device();
+                let g = Tensor::<B::InnerBackend, D>::from_data(data, &device);
+                self.out.register::<B::InnerBackend, D>(param.id, g);
+            }
+            self.at += 1 + n;
+        }
+    }
+    let mut v = Unflatten { flat, at: 0, out: GradientsParams::new() };
+    module.visit(&mut v);
+    v.out
+}

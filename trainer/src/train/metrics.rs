@@ -33,11 +33,22 @@ pub struct StepMetrics {
     pub epoch: u64,
     /// The step's utterances, one list per micro-batch, each utterance as [corpus, index]: the
     /// corpus's position in the training set and the utterance's index in that corpus.
+    /// With several ranks: rank 0's micro-batches first, then rank 1's, and so on.
     #[serde(default)]
     pub ids: Vec<Vec<[u32; 2]>>,
+    /// Ranks that trained the step.
+    #[serde(default = "one_rank")]
+    pub world_size: u32,
+    /// Each rank's part (data wait, step time, utterances, audio seconds), in rank order.
+    #[serde(default)]
+    pub ranks: Vec<crate::train::parallel::RankStep>,
     /// Validation results, on steps that validated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation: Option<serde_json::Value>,
+}
+
+fn one_rank() -> u32 {
+    1
 }
 
 /// Appends metrics and redraws the plot.

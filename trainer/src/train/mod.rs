@@ -1,21 +1,25 @@
-//! Single-device training: AdamW with warmup and cosine decay, the two-phase schedule (encoder
-//! frozen until `unfreeze_step`), gradient accumulation, global-norm clipping, non-finite
-//! detection, atomic checkpoints and exact resume.
+//! Training one rank: AdamW with warmup and cosine decay, the two-phase schedule (encoder frozen
+//! until `unfreeze_step`), gradient accumulation, global-norm clipping, non-finite detection,
+//! atomic checkpoints and exact resume; and the data-parallel step over several ranks.
 //!
-//! The step is written for data parallelism: an optimizer step takes the micro-batches one rank
-//! was dealt (`EpochPlan::step_batches(step, rank)`), so a multi-device loop runs one
-//! [`Trainer`] per device and reduces gradients between `gradients` and `apply`.
+//! An optimizer step takes the micro-batches one rank was dealt
+//! (`EpochPlan::step_batches(step, rank)`); `parallel_step` sums the ranks' gradients between
+//! `gradients_at` and `apply` ([`collective`], [`parallel`]), so every rank applies the same
+//! update. One rank is the case of a world of one.
 //!
 //! Everything random is a pure function of (seed, counter): dither and SpecAugment masks are drawn
-//! on the host from (seed, micro-batch count), the loss's `omega` from its call count, initial
-//! weights from the seed (`TdtModel::new`, under a process-wide lock). Dropout uses the backend's generator,
-//! reseeded before each micro-batch; it is process-global, so two trainers with dropout in one
-//! process would interleave their draws (the tiny preset has no dropout). With
-//! the checkpointed model, optimizer state, counters and sampler position, a resumed run repeats
-//! the uninterrupted one bit for bit on the CPU backend.
+//! on the host from (seed, micro-batch number), the loss's `omega` from the same number, initial
+//! weights from the seed (`TdtModel::new`, under a process-wide lock). Dropout uses the backend's
+//! generator, reseeded before each micro-batch; it is process-global, so ranks that are threads
+//! of one process interleave their dropout draws (the tiny preset has no dropout; such runs stay
+//! consistent across ranks but are not bit-reproducible). With the checkpointed model, optimizer
+//! state, counters and sampler position, a resumed run repeats the uninterrupted one bit for bit
+//! on the CPU backend.
 
+pub mod collective;
 pub mod grads;
 pub mod metrics;
+pub mod parallel;
 pub mod run;
 
 use std::collections::BTreeMap;
@@ -70,6 +74,9 @@ pub enum TrainError {
     /// The batch loader stopped.
     #[error("{0}")]
     Loader(#[from] LoaderError),
+    /// The ranks of a data-parallel run could not synchronise.
+    #[error("data-parallel: {0}")]
+    Collective(#[from] collective::CollectiveError),
     /// The training set cannot be used.
     #[error("{0}")]
     Set(#[from] SetError),
@@ -126,12 +133,29 @@ impl TrainError {
     }
 }
 
+/// One rank's share of an optimizer step.
+#[derive(Debug, Clone, Copy)]
+pub struct RankBatches<'a> {
+    /// The rank's batches (its idle slots left out).
+    pub batches: &'a [PaddedBatch],
+    /// The run's micro-batch number of each batch.
+    pub slots: &'a [u64],
+    /// Micro-batches of the step over all ranks.
+    pub divisor: usize,
+    /// The micro-batch counter after the step (the same on every rank).
+    pub next_micro: u64,
+}
+
 /// One optimizer step's gradients before they are applied.
 pub struct StepGradients {
     /// Accumulated gradients (mean over the micro-batches).
     pub grads: GradientsParams,
     /// Mean loss over the finite micro-batches.
     pub loss: f64,
+    /// Sum of the finite micro-batches' losses.
+    pub loss_sum: f64,
+    /// Finite micro-batches.
+    pub finite: u64,
     /// Whether a micro-batch had a non-finite loss.
     pub non_finite: bool,
     /// Audio seconds and utterances.
@@ -285,13 +309,33 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(())
     }
 
-    /// Forward and backward over one rank's micro-batches of an optimizer step.
+    /// Forward and backward over one rank's micro-batches of an optimizer step (the rank's
+    /// mean), the micro-batch counter advancing by one per batch.
     pub fn gradients(&mut self, batches: &[PaddedBatch]) -> Result<StepGradients, TrainError> {
-        let n = batches.len().max(1) as f64;
+        let slots: Vec<u64> = (self.micro..self.micro + batches.len() as u64).collect();
+        let g = self.gradients_at(batches, &slots, batches.len().max(1) as f64)?;
+        self.micro = slots.last().map_or(self.micro, |&m| m + 1);
+        Ok(g)
+    }
+
+    /// Forward and backward over micro-batches that are numbers `slots` of the run (batch `k`
+    /// draws its dither, SpecAugment masks, backend seed and loss branches from `slots[k]`), each
+    /// loss divided by `divisor` before backward: with the step's micro-batch count over all
+    /// ranks, the ranks' summed gradients are the step's mean, as one rank accumulating every
+    /// micro-batch would compute it. Leaves the counters past the last slot.
+    pub fn gradients_at(
+        &mut self,
+        batches: &[PaddedBatch],
+        slots: &[u64],
+        divisor: f64,
+    ) -> Result<StepGradients, TrainError> {
+        let n = divisor.max(1.0);
         let mut accum = GradientsAccumulator::<TdtModel<B>>::new();
-        let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0usize, false);
+        let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0u64, false);
         let (mut audio_seconds, mut utterances) = (0.0, 0u64);
-        for batch in batches {
+        for (batch, &slot) in batches.iter().zip(slots) {
+            self.micro = slot;
+            self.loss.calls = slot;
             let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
             crate::model::seed_backend::<B>(&self.device, seed);
             let loss = self.batch_loss(batch, true)?;
@@ -311,6 +355,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(StepGradients {
             grads: accum.grads(),
             loss: if finite > 0 { loss_sum / finite as f64 } else { f64::NAN },
+            loss_sum,
+            finite,
             non_finite,
             audio_seconds,
             utterances,
@@ -352,35 +398,70 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         (lr, norm, skip)
     }
 
-    /// One optimizer step over `batches` (utterance indices of `set`), with the metrics record.
+    /// One optimizer step over `batches` (utterance indices of `set`) on this rank alone, with
+    /// the metrics record.
     pub fn train_step(
         &mut self,
         batches: &[PaddedBatch],
         set: &TrainingSet,
         epoch: u64,
     ) -> Result<StepMetrics, TrainError> {
+        let slots: Vec<u64> = (self.micro..self.micro + batches.len() as u64).collect();
+        let next = self.micro + batches.len() as u64;
+        let step = RankBatches { batches, slots: &slots, divisor: batches.len(), next_micro: next };
+        self.parallel_step(&step, set, epoch, &mut collective::Solo, 0.0)
+    }
+
+    /// One optimizer step of a data-parallel run: this rank's `step.batches` (micro-batch
+    /// numbers `step.slots` of the run, losses divided by the step's micro-batch count over all
+    /// ranks), gradients and statistics summed over the ranks of `coll`, the same update applied
+    /// on every rank, the counters moved to `step.next_micro`; the metrics record covers every
+    /// rank (`wait_seconds`: how long this rank waited for its batches).
+    pub fn parallel_step(
+        &mut self,
+        step: &RankBatches<'_>,
+        set: &TrainingSet,
+        epoch: u64,
+        coll: &mut dyn collective::Collective,
+        wait_seconds: f64,
+    ) -> Result<StepMetrics, TrainError> {
         let started = std::time::Instant::now();
-        let g = self.gradients(batches)?;
+        let batches = step.batches;
+        let g = self.gradients_at(batches, step.slots, step.divisor as f64)?;
+        let mine_utterances = g.utterances;
+        let mine_seconds = g.audio_seconds;
+        let g = parallel::reduce(&self.model, g, coll)?;
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
         let (lr, grad_norm, skipped) = self.apply(g);
+        let (model, _) = parallel::sync_buffers(self.model.clone(), coll)?;
+        self.model = model;
+        self.micro = step.next_micro;
+        self.loss.calls = step.next_micro;
+        let mine = parallel::RankStep {
+            wait_seconds,
+            step_seconds: started.elapsed().as_secs_f64(),
+            utterances: mine_utterances,
+            audio_seconds: mine_seconds,
+            ids: batches
+                .iter()
+                .map(|b| b.indices.iter().map(|&g| <[u32; 2]>::from(set.locate(g))).collect())
+                .collect(),
+        };
+        let mut ranks = parallel::gather_steps(&mine, coll)?;
+        let ids: Vec<Vec<[u32; 2]>> = ranks.iter_mut().flat_map(|r| r.ids.drain(..)).collect();
+        let all = || ids.iter().flatten().map(|&[c, i]| set.global(c, i));
+        // Every rank counts the same skips, so every rank stops here together.
         if skipped && self.consecutive_skips > self.cfg.train.max_consecutive_skips {
-            let ids: Vec<String> =
-                batches.iter().flat_map(|b| b.indices.iter()).map(|&g| set.segment_id(g)).collect();
+            let names: Vec<String> = all().map(|g| set.segment_id(g)).collect();
             return Err(TrainError::NonFinite {
                 steps: self.consecutive_skips,
-                utterances: ids.join(", "),
+                utterances: names.join(", "),
             });
         }
         let mut languages = BTreeMap::new();
-        for b in batches {
-            for &g in &b.indices {
-                *languages.entry(set.language_name(g).to_owned()).or_insert(0u64) += 1;
-            }
+        for g in all() {
+            *languages.entry(set.language_name(g).to_owned()).or_insert(0u64) += 1;
         }
-        let ids = batches
-            .iter()
-            .map(|b| b.indices.iter().map(|&g| <[u32; 2]>::from(set.locate(g))).collect())
-            .collect();
         let wall = started.elapsed().as_secs_f64().max(1e-9);
         Ok(StepMetrics {
             step: self.step,
@@ -395,6 +476,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             languages,
             epoch,
             ids,
+            world_size: coll.world() as u32,
+            ranks,
             validation: None,
         })
     }

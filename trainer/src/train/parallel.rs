@@ -1,0 +1,160 @@
+//! What makes an optimizer step data-parallel: the ranks' gradients summed (each rank divided its
+//! losses by the step's micro-batch count over all ranks, so the sum is the step's mean), the
+//! step's statistics summed, the running statistics (BatchNorm) averaged, and every rank's record
+//! of the step gathered for the metrics. After
+//! [`reduce`] every rank holds the same gradients, loss and counts, so every rank's clipping,
+//! skip decision and AdamW update are the same, bit for bit.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+use super::collective::{Collective, CollectiveError};
+use super::{grads, StepGradients};
+use crate::model::TdtModel;
+use crate::tdt::op::TdtBackend;
+
+/// Sums `g` over the ranks of `c` (nothing to do for one rank).
+pub fn reduce<B: AutodiffBackend + TdtBackend>(
+    model: &TdtModel<B>,
+    g: StepGradients,
+    c: &mut dyn Collective,
+) -> Result<StepGradients, CollectiveError> {
+    if c.world() == 1 {
+        return Ok(g);
+    }
+    let mut flat = grads::flatten(model, &g.grads);
+    c.all_reduce_sum(&mut flat)?;
+    let stats = [
+        g.loss_sum,
+        g.finite as f64,
+        f64::from(u8::from(g.non_finite)),
+        g.audio_seconds,
+        g.utterances as f64,
+    ];
+    let bytes: Vec<u8> = stats.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut sum = [0f64; 5];
+    for (rank, b) in c.all_gather(&bytes)?.iter().enumerate() {
+        if b.len() != bytes.len() {
+            return Err(CollectiveError::Length { rank, len: b.len() / 8, expected: 5 });
+        }
+        for (s, x) in sum.iter_mut().zip(b.chunks_exact(8)) {
+            *s += f64::from_le_bytes(x.try_into().unwrap_or_default());
+        }
+    }
+    let finite = sum[1] as u64;
+    Ok(StepGradients {
+        grads: grads::unflatten(model, &flat),
+        loss: if finite > 0 { sum[0] / finite as f64 } else { f64::NAN },
+        loss_sum: sum[0],
+        finite,
+        non_finite: sum[2] > 0.0,
+        audio_seconds: sum[3],
+        utterances: sum[4] as u64,
+    })
+}
+
+/// One rank's part of a step, as the metrics record it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankStep {
+    /// Seconds the rank waited for its batches (the loader was behind).
+    pub wait_seconds: f64,
+    /// Seconds from having its batches to having applied the step (compute and
+    /// synchronisation).
+    pub step_seconds: f64,
+    /// Utterances the rank trained on.
+    pub utterances: u64,
+    /// Their audio seconds.
+    pub audio_seconds: f64,
+    /// Its micro-batches' utterances as [corpus, index] (not repeated in the per-rank list of
+    /// the metrics: they make the step's `ids`).
+    #[serde(skip_serializing, default)]
+    pub ids: Vec<Vec<[u32; 2]>>,
+}
+
+/// Every rank's [`RankStep`], in rank order.
+pub fn gather_steps(
+    mine: &RankStep,
+    c: &mut dyn Collective,
+) -> Result<Vec<RankStep>, CollectiveError> {
+    if c.world() == 1 {
+        return Ok(vec![mine.clone()]);
+    }
+    // The ids are skipped by the serialisation the metrics use; send them alongside.
+    let bytes = serde_json::to_vec(&(mine, &mine.ids))
+        .map_err(|e| CollectiveError::Network(format!("encoding a rank's step: {e}")))?;
+    c.all_gather(&bytes)?
+        .iter()
+        .enumerate()
+        .map(|(rank, b)| {
+            let (mut s, ids): (RankStep, Vec<Vec<[u32; 2]>>) = serde_json::from_slice(b)
+                .map_err(|e| CollectiveError::Network(format!("rank {rank}'s step record: {e}")))?;
+            s.ids = ids;
+            Ok(s)
+        })
+        .collect()
+}
+
+/// The float state of `model` that takes no gradient (BatchNorm's running means and variances),
+/// in module order.
+fn buffers<B: AutodiffBackend>(model: &TdtModel<B>) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val();
+            if !value.is_require_grad() {
+                let n = value.shape().num_elements();
+                match value.into_data().convert::<f32>().into_vec::<f32>() {
+                    Ok(v) if v.len() == n => self.0.extend(v),
+                    _ => self.0.extend(std::iter::repeat_n(f32::NAN, n)),
+                }
+            }
+        }
+    }
+    let mut c = Collect(Vec::new());
+    model.visit(&mut c);
+    c.0
+}
+
+/// Replaces the model's gradient-free float state with `values` (laid out as [`buffers`]).
+fn set_buffers<B: AutodiffBackend>(model: TdtModel<B>, values: &[f32]) -> TdtModel<B> {
+    struct Set<'a> {
+        values: &'a [f32],
+        at: usize,
+    }
+    impl<B: AutodiffBackend> ModuleMapper<B> for Set<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, mapper) = param.consume();
+            if value.is_require_grad() {
+                return Param::from_mapped_value(id, value, mapper);
+            }
+            let shape = value.shape();
+            let n = shape.num_elements();
+            let Some(v) = self.values.get(self.at..self.at + n) else {
+                return Param::from_mapped_value(id, value, mapper);
+            };
+            self.at += n;
+            let t = Tensor::<B, D>::from_data(TensorData::new(v.to_vec(), shape), &value.device());
+            Param::from_mapped_value(id, t, mapper)
+        }
+    }
+    model.map(&mut Set { values, at: 0 })
+}
+
+/// Averages the model's running statistics over the ranks (each rank updated them from its own
+/// batches), so every rank holds the same model; returns how many values were averaged.
+pub fn sync_buffers<B: AutodiffBackend + TdtBackend>(
+    model: TdtModel<B>,
+    c: &mut dyn Collective,
+) -> Result<(TdtModel<B>, usize), CollectiveError> {
+    if c.world() == 1 {
+        return Ok((model, 0));
+    }
+    let mut values = buffers(&model);
+    c.all_reduce_sum(&mut values)?;
+    let w = c.world() as f32;
+    values.iter_mut().for_each(|x| *x /= w);
+    let n = values.len();
+    Ok((set_buffers(model, &values), n))
+}
