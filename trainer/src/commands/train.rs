@@ -23,7 +23,7 @@ fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     Ok(cfg)
 }
 
-/// One CUDA device.
+/// CUDA devices of this process, one rank each (gradients summed with NCCL).
 #[cfg(feature = "cuda")]
 fn run_cuda(
     cfg: TrainConfig,
@@ -31,15 +31,15 @@ fn run_cuda(
     devices: &[Device],
     on_step: &mut dyn FnMut(&StepMetrics, u64),
 ) -> anyhow::Result<crate::train::run::RunSummary> {
-    let n = match devices {
-        [Device::Cuda(n)] => *n,
-        _ => anyhow::bail!("one CUDA device expected"),
-    };
-    Ok(crate::train::run::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
-        cfg,
-        opts,
-        burn::backend::cuda::CudaDevice::new(n),
-        on_step,
+    let devices = devices
+        .iter()
+        .map(|d| match d {
+            Device::Cuda(n) => Ok(burn::backend::cuda::CudaDevice::new(*n)),
+            Device::Cpu => Err(anyhow::anyhow!("CUDA devices expected")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(crate::train::run::run_ranks::<burn::backend::Autodiff<burn::backend::Cuda>>(
+        cfg, opts, devices, None, on_step,
     )?)
 }
 
@@ -149,9 +149,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
     } else {
         anyhow::ensure!(
-            world == 1,
-            "data-parallel training on CUDA ({world} ranks) needs the NCCL reduction, which this \
-             asrt does not have yet; train on one GPU, or on CPU ranks (--devices cpu,cpu)"
+            world == devices.len(),
+            "data-parallel CUDA across processes ({world} ranks) needs NCCL between processes, \
+             which this asrt does not have yet; run one process with all of a node's GPUs \
+             (--devices cuda:0,cuda:1,...)"
         );
         run_cuda(cfg, &opts, &devices, &mut on_step)?
     };

@@ -134,8 +134,7 @@ impl TrainError {
 }
 
 /// One rank's share of an optimizer step.
-#[derive(Debug, Clone, Copy)]
-pub struct RankBatches<'a> {
+pub struct RankBatches<'a, B: Backend> {
     /// The rank's batches (its idle slots left out).
     pub batches: &'a [PaddedBatch],
     /// The run's micro-batch number of each batch.
@@ -144,6 +143,9 @@ pub struct RankBatches<'a> {
     pub divisor: usize,
     /// The micro-batch counter after the step (the same on every rank).
     pub next_micro: u64,
+    /// Every rank's device, in rank order, when all ranks are devices of this process (the
+    /// backend may then sum gradients on the devices, e.g. NCCL); empty otherwise.
+    pub peers: &'a [B::Device],
 }
 
 /// One optimizer step's gradients before they are applied.
@@ -405,10 +407,19 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         batches: &[PaddedBatch],
         set: &TrainingSet,
         epoch: u64,
-    ) -> Result<StepMetrics, TrainError> {
+    ) -> Result<StepMetrics, TrainError>
+    where
+        B::InnerBackend: parallel::DeviceAllReduce,
+    {
         let slots: Vec<u64> = (self.micro..self.micro + batches.len() as u64).collect();
         let next = self.micro + batches.len() as u64;
-        let step = RankBatches { batches, slots: &slots, divisor: batches.len(), next_micro: next };
+        let step = RankBatches {
+            batches,
+            slots: &slots,
+            divisor: batches.len(),
+            next_micro: next,
+            peers: &[],
+        };
         self.parallel_step(&step, set, epoch, &mut collective::Solo, 0.0)
     }
 
@@ -419,18 +430,21 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// rank (`wait_seconds`: how long this rank waited for its batches).
     pub fn parallel_step(
         &mut self,
-        step: &RankBatches<'_>,
+        step: &RankBatches<'_, B>,
         set: &TrainingSet,
         epoch: u64,
         coll: &mut dyn collective::Collective,
         wait_seconds: f64,
-    ) -> Result<StepMetrics, TrainError> {
+    ) -> Result<StepMetrics, TrainError>
+    where
+        B::InnerBackend: parallel::DeviceAllReduce,
+    {
         let started = std::time::Instant::now();
         let batches = step.batches;
         let g = self.gradients_at(batches, step.slots, step.divisor as f64)?;
         let mine_utterances = g.utterances;
         let mine_seconds = g.audio_seconds;
-        let g = parallel::reduce(&self.model, g, coll)?;
+        let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers)?;
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
         let (lr, grad_norm, skipped) = self.apply(g);
         let (model, _) = parallel::sync_buffers(self.model.clone(), coll)?;

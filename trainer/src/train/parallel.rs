@@ -15,17 +15,83 @@ use super::{grads, StepGradients};
 use crate::model::TdtModel;
 use crate::tdt::op::TdtBackend;
 
-/// Sums `g` over the ranks of `c` (nothing to do for one rank).
-pub fn reduce<B: AutodiffBackend + TdtBackend>(
+/// A backend that can sum a tensor across the devices of one process itself. CUDA does it with
+/// NCCL (through CubeCL's client, which creates the communicator for the set of devices); the
+/// others go through the host [`Collective`].
+pub trait DeviceAllReduce: Backend {
+    /// Whether [`DeviceAllReduce::device_all_reduce`] is available.
+    const DEVICE_ALL_REDUCE: bool = false;
+
+    /// `t` summed over the ranks whose devices are `peers` (every rank calls it with the same
+    /// list, in rank order). Only called when `DEVICE_ALL_REDUCE`.
+    fn device_all_reduce(t: Tensor<Self, 1>, _peers: &[Self::Device]) -> Tensor<Self, 1> {
+        t
+    }
+}
+
+impl DeviceAllReduce for burn::backend::NdArray {}
+
+#[cfg(feature = "cuda")]
+impl DeviceAllReduce for burn::backend::Cuda {
+    const DEVICE_ALL_REDUCE: bool = true;
+
+    fn device_all_reduce(t: Tensor<Self, 1>, peers: &[Self::Device]) -> Tensor<Self, 1> {
+        use burn::tensor::backend::DeviceOps;
+        use burn::tensor::TensorPrimitive;
+        // NCCL reduces in place: the buffer must be this tensor's alone and contiguous (a fresh
+        // `cat` result is; otherwise it is copied first, as Burn's own distributed ops do).
+        let mut prim = t.into_primitive().tensor();
+        if !(prim.handle.can_mut() && prim.is_contiguous()) {
+            let copy =
+                Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(prim)).mul_scalar(1.0);
+            prim = copy.into_primitive().tensor();
+        }
+        let ids = peers.iter().map(|d| d.id()).collect();
+        let mut client = prim.client.clone();
+        client.all_reduce(
+            prim.handle.clone(),
+            prim.handle.clone(),
+            prim.dtype.into(),
+            ids,
+            burn::cubecl::server::ReduceOperation::Sum,
+        );
+        client.sync_collective();
+        Tensor::from_primitive(TensorPrimitive::Float(prim))
+    }
+}
+
+/// Sums `g` over the ranks of `c` (nothing to do for one rank). The gradients are laid out as one
+/// tensor on `device`; when every rank is a device of this process (`peers`, in rank order) and
+/// the backend sums on its devices, they never leave them; otherwise they go through the host.
+pub fn reduce<B>(
     model: &TdtModel<B>,
     g: StepGradients,
     c: &mut dyn Collective,
-) -> Result<StepGradients, CollectiveError> {
+    device: &B::Device,
+    peers: &[B::Device],
+) -> Result<StepGradients, CollectiveError>
+where
+    B: AutodiffBackend + TdtBackend,
+    B::InnerBackend: DeviceAllReduce,
+{
     if c.world() == 1 {
         return Ok(g);
     }
-    let mut flat = grads::flatten(model, &g.grads);
-    c.all_reduce_sum(&mut flat)?;
+    // An autodiff backend's device is its inner backend's.
+    let (mut presence, flat) = grads::flatten_on_device(model, &g.grads, device);
+    c.all_reduce_sum(&mut presence)?;
+    let flat = if B::InnerBackend::DEVICE_ALL_REDUCE && peers.len() == c.world() {
+        B::InnerBackend::device_all_reduce(flat, peers)
+    } else {
+        let n = flat.dims()[0];
+        let mut host = flat
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|e| CollectiveError::Network(format!("reading gradients: {e:?}")))?;
+        c.all_reduce_sum(&mut host)?;
+        Tensor::from_data(TensorData::new(host, [n]), device)
+    };
     let stats = [
         g.loss_sum,
         g.finite as f64,
@@ -45,7 +111,7 @@ pub fn reduce<B: AutodiffBackend + TdtBackend>(
     }
     let finite = sum[1] as u64;
     Ok(StepGradients {
-        grads: grads::unflatten(model, &flat),
+        grads: grads::unflatten_from_device(model, &presence, flat),
         loss: if finite > 0 { sum[0] / finite as f64 } else { f64::NAN },
         loss_sum: sum[0],
         finite,

@@ -11,6 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 use super::metrics::{MetricsLog, StepMetrics};
+use super::parallel::DeviceAllReduce;
 use super::{RankBatches, TrainError, Trainer};
 use crate::checkpoint::{self, checkpoint_dir, TrainState};
 use crate::config::ConfigError;
@@ -74,7 +75,10 @@ pub fn run<B: AutodiffBackend + TdtBackend>(
     opts: &RunOptions,
     device: B::Device,
     on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> Result<RunSummary, TrainError> {
+) -> Result<RunSummary, TrainError>
+where
+    B::InnerBackend: DeviceAllReduce,
+{
     run_ranks::<B>(cfg, opts, vec![device], None, on_step)
 }
 
@@ -114,7 +118,10 @@ pub fn run_ranks<B: AutodiffBackend + TdtBackend>(
     devices: Vec<B::Device>,
     processes: Option<ProcessGroup>,
     on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> Result<RunSummary, TrainError> {
+) -> Result<RunSummary, TrainError>
+where
+    B::InnerBackend: DeviceAllReduce,
+{
     let local = devices.len();
     if local == 0 {
         return Err(ConfigError::Invalid("no device to train on".into()).into());
@@ -215,16 +222,20 @@ pub fn run_ranks<B: AutodiffBackend + TdtBackend>(
         world: world as u32,
     };
     let first = members.remove(0);
+    // All ranks in this process: the backend may sum on the devices (CUDA: NCCL).
+    let peers: Vec<B::Device> = if processes.is_none() { devices.clone() } else { Vec::new() };
     std::thread::scope(|s| {
-        let shared = &shared;
+        let (shared, peers) = (&shared, &peers[..]);
         let mut devices = devices.into_iter();
         let device0 = devices.next();
         let handles: Vec<_> = devices
             .zip(members)
-            .map(|(device, member)| s.spawn(move || rank_main::<B>(shared, device, member, None)))
+            .map(|(device, member)| {
+                s.spawn(move || rank_main::<B>(shared, device, peers, member, None))
+            })
             .collect();
         let mine = match device0 {
-            Some(d) => rank_main::<B>(shared, d, first, Some(on_step)),
+            Some(d) => rank_main::<B>(shared, d, peers, first, Some(on_step)),
             None => Err(ConfigError::Invalid("no device to train on".into()).into()),
         };
         let mut results = vec![mine];
@@ -249,14 +260,18 @@ pub fn run_ranks<B: AutodiffBackend + TdtBackend>(
 fn rank_main<B: AutodiffBackend + TdtBackend>(
     shared: &Shared<'_>,
     device: B::Device,
+    peers: &[B::Device],
     member: Member,
     on_step: Option<OnStep<'_>>,
-) -> Result<RunSummary, TrainError> {
+) -> Result<RunSummary, TrainError>
+where
+    B::InnerBackend: DeviceAllReduce,
+{
     let mut coll: Box<dyn Collective> = match member {
         Member::Ready(c) => c,
         Member::Tcp(r) => Box::new(TcpGroup::join(&r)?),
     };
-    let result = rank_loop::<B>(shared, device, &mut *coll, on_step);
+    let result = rank_loop::<B>(shared, device, peers, &mut *coll, on_step);
     match &result {
         Ok(_) => coll.finish(),
         Err(e) => coll.abort(&e.to_string()),
@@ -267,9 +282,13 @@ fn rank_main<B: AutodiffBackend + TdtBackend>(
 fn rank_loop<B: AutodiffBackend + TdtBackend>(
     sh: &Shared<'_>,
     device: B::Device,
+    peers: &[B::Device],
     coll: &mut dyn Collective,
     mut on_step: Option<OnStep<'_>>,
-) -> Result<RunSummary, TrainError> {
+) -> Result<RunSummary, TrainError>
+where
+    B::InnerBackend: DeviceAllReduce,
+{
     let (cfg, opts, target) = (&sh.cfg, sh.opts, sh.target);
     let rank = coll.rank() as u32;
     let lead = rank == 0;
@@ -354,6 +373,7 @@ fn rank_loop<B: AutodiffBackend + TdtBackend>(
                 slots: &slots,
                 divisor,
                 next_micro: base + (world * g) as u64,
+                peers,
             };
             let mut m = trainer.parallel_step(&share, &sh.set, plan.epoch(), coll, wait)?;
             let every = cfg.train.val_every;

@@ -86,8 +86,13 @@ fn four_ranks_of_two_micro_batches_make_one_rank_s_step_of_eight() {
     let mut one_metrics = Vec::new();
     for (s, batches) in steps.iter().enumerate() {
         let slots: Vec<u64> = (0..8).map(|k| s as u64 * 8 + k).collect();
-        let share =
-            RankBatches { batches, slots: &slots, divisor: 8, next_micro: 8 * (s as u64 + 1) };
+        let share = RankBatches {
+            batches,
+            slots: &slots,
+            divisor: 8,
+            next_micro: 8 * (s as u64 + 1),
+            peers: &[],
+        };
         one_metrics.push(one.parallel_step(&share, &set, 0, &mut Solo, 0.0).unwrap());
     }
 
@@ -111,6 +116,7 @@ fn four_ranks_of_two_micro_batches_make_one_rank_s_step_of_eight() {
                             slots: &slots,
                             divisor: 8,
                             next_micro: base + 8,
+                            peers: &[],
                         };
                         metrics.push(t.parallel_step(&share, set, 0, &mut m, 0.0).unwrap());
                     }
@@ -379,7 +385,7 @@ fn the_ranks_summed_gradients_are_one_rank_s_mean_gradient() {
                     let slots: Vec<u64> = share.iter().map(|&k| k as u64).collect();
                     let mut t = Trainer::<B>::new(cfg.clone(), vocab, Default::default()).unwrap();
                     let g = t.gradients_at(&mine, &slots, 6.0).unwrap();
-                    let g = asr_trainer::reduce(&t.model, g, &mut m).unwrap();
+                    let g = asr_trainer::reduce(&t.model, g, &mut m, &t.device, &[]).unwrap();
                     m.finish();
                     (flatten_gradients(&t.model, &g.grads), g.loss)
                 })
