@@ -145,6 +145,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         "--devices {}: one kind of device per run (all cpu, or all cuda:N)",
         args.devices.as_deref().unwrap_or_default()
     );
+    let process = processes.as_ref().map_or(0, |p| p.rank);
     let summary = if cpus > 0 {
         crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
     } else {
@@ -160,6 +161,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         bar.finish_and_clear();
     }
     let last = summary.metrics.last();
+    if process > 0 {
+        println!(
+            "trained to step {} ({} skipped) as process {process}; last loss {}; process 0 \
+             writes the metrics and checkpoints in {}",
+            summary.steps,
+            summary.skipped,
+            last.map_or("-".into(), |m| format!("{:.4}", m.loss)),
+            args.out.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "trained to step {} ({} skipped); last loss {}; metrics {}, plot {}, checkpoint {}",
         summary.steps,
