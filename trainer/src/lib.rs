@@ -57,7 +57,7 @@ pub use tokenizer::{Pieces, TokenizerError};
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
-pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, RankStep};
+pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};
 pub use train::run::{
     run, run_cpu, run_cpu_ranks, run_ranks, ProcessGroup, RunOptions, RunSummary,
 };

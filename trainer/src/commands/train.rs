@@ -23,12 +23,15 @@ fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     Ok(cfg)
 }
 
-/// CUDA devices of this process, one rank each (gradients summed with NCCL).
+/// CUDA devices of this process, one rank each, and of the other processes when there are
+/// (gradients summed with NCCL: on the devices within a process, staged through the host
+/// between processes).
 #[cfg(feature = "cuda")]
 fn run_cuda(
     cfg: TrainConfig,
     opts: &RunOptions,
     devices: &[Device],
+    processes: Option<ProcessGroup>,
     on_step: &mut dyn FnMut(&StepMetrics, u64),
 ) -> anyhow::Result<crate::train::run::RunSummary> {
     let devices = devices
@@ -39,7 +42,7 @@ fn run_cuda(
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(crate::train::run::run_ranks::<burn::backend::Autodiff<burn::backend::Cuda>>(
-        cfg, opts, devices, None, on_step,
+        cfg, opts, devices, processes, on_step,
     )?)
 }
 
@@ -48,6 +51,7 @@ fn run_cuda(
     _cfg: TrainConfig,
     _opts: &RunOptions,
     _devices: &[Device],
+    _processes: Option<ProcessGroup>,
     _on_step: &mut dyn FnMut(&StepMetrics, u64),
 ) -> anyhow::Result<crate::train::run::RunSummary> {
     anyhow::bail!("this asrt was built without CUDA (parse_device refuses cuda:N)")
@@ -138,7 +142,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         None => vec![parse_device(&args.device)?],
     };
     let processes = process_group(&|k| std::env::var(k).ok())?;
-    let world = devices.len() * processes.as_ref().map_or(1, |p| p.count);
     let cpus = devices.iter().filter(|d| matches!(d, Device::Cpu)).count();
     anyhow::ensure!(
         cpus == 0 || cpus == devices.len(),
@@ -149,13 +152,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let summary = if cpus > 0 {
         crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
     } else {
-        anyhow::ensure!(
-            world == devices.len(),
-            "data-parallel CUDA across processes ({world} ranks) needs NCCL between processes, \
-             which this asrt does not have yet; run one process with all of a node's GPUs \
-             (--devices cuda:0,cuda:1,...)"
-        );
-        run_cuda(cfg, &opts, &devices, &mut on_step)?
+        run_cuda(cfg, &opts, &devices, processes, &mut on_step)?
     };
     if let Some(bar) = &bar {
         bar.finish_and_clear();

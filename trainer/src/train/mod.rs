@@ -189,6 +189,8 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub skipped: u64,
     /// Steps skipped in a row.
     pub consecutive_skips: u64,
+    /// How gradients travel between processes when the backend has its own way (NCCL).
+    pub node_transport: Option<Box<dyn parallel::HostSum>>,
 }
 
 /// SpecAugment masks `[B, T, F]` (1 keep, 0 masked) from a host generator.
@@ -248,6 +250,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             micro: 0,
             skipped: 0,
             consecutive_skips: 0,
+            node_transport: None,
         })
     }
 
@@ -444,7 +447,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let g = self.gradients_at(batches, step.slots, step.divisor as f64)?;
         let mine_utterances = g.utterances;
         let mine_seconds = g.audio_seconds;
-        let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers)?;
+        let node = self.node_transport.as_deref_mut();
+        let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers, node)?;
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
         let (lr, grad_norm, skipped) = self.apply(g);
         let (model, _) = parallel::sync_buffers(self.model.clone(), coll)?;

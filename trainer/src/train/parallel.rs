@@ -27,6 +27,77 @@ pub trait DeviceAllReduce: Backend {
     fn device_all_reduce(t: Tensor<Self, 1>, _peers: &[Self::Device]) -> Tensor<Self, 1> {
         t
     }
+
+    /// For ranks in several processes: the transport that sums the gradients between them, if
+    /// this backend has its own (CUDA: NCCL, its id sent through `c`); `None`: `c` sums them.
+    /// Every rank of the run calls it once, after joining `c`.
+    fn node_transport(
+        _device: &Self::Device,
+        _c: &mut dyn Collective,
+    ) -> Result<Option<Box<dyn HostSum>>, CollectiveError> {
+        Ok(None)
+    }
+}
+
+/// Sums host arrays over the ranks of a multi-process run by another transport than the
+/// [`Collective`] (NCCL for GPUs); the same result on every rank.
+pub trait HostSum {
+    /// `data` summed element-wise over the ranks.
+    fn sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError>;
+}
+
+/// NCCL between the ranks of several processes, through cudarc: rank 0 creates the NCCL id and
+/// sends it to the others through the rendezvous collective; the gradients are staged through
+/// a device buffer of this rank's GPU.
+#[cfg(feature = "cuda")]
+pub struct NcclGroup {
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    comm: cudarc::nccl::safe::Comm,
+}
+
+#[cfg(feature = "cuda")]
+impl NcclGroup {
+    /// Joins the NCCL group of the ranks of `c`, on GPU `ordinal`.
+    pub fn join(ordinal: usize, c: &mut dyn Collective) -> Result<NcclGroup, CollectiveError> {
+        use cudarc::nccl::safe::{Comm, Id};
+        let fail = |what: &str, e: &dyn std::fmt::Debug| {
+            CollectiveError::Network(format!("NCCL, {what}: {e:?} (is libnccl installed?)"))
+        };
+        let ctx =
+            cudarc::driver::CudaContext::new(ordinal).map_err(|e| fail("CUDA context", &e))?;
+        let stream = ctx.default_stream();
+        let mine: Vec<u8> = if c.rank() == 0 {
+            let id = Id::new().map_err(|e| fail("creating the id", &e))?;
+            id.internal().iter().map(|&x| x as u8).collect()
+        } else {
+            Vec::new()
+        };
+        let all = c.all_gather(&mine)?;
+        let bytes = all.first().filter(|b| b.len() == 128).ok_or_else(|| {
+            CollectiveError::Network("rank 0 sent no NCCL id of 128 bytes".into())
+        })?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, &b) in internal.iter_mut().zip(bytes.iter()) {
+            *d = b as std::ffi::c_char;
+        }
+        let comm = Comm::from_rank(stream.clone(), c.rank(), c.world(), Id::uninit(internal))
+            .map_err(|e| fail("joining the group", &e))?;
+        Ok(NcclGroup { stream, comm })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl HostSum for NcclGroup {
+    fn sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        let fail = |e: &dyn std::fmt::Debug| CollectiveError::Network(format!("NCCL: {e:?}"));
+        let mut buf = self.stream.clone_htod(&*data).map_err(|e| fail(&e))?;
+        self.comm
+            .all_reduce_in_place(&mut buf, &cudarc::nccl::safe::ReduceOp::Sum)
+            .map_err(|e| fail(&e))?;
+        let out = self.stream.clone_dtoh(&buf).map_err(|e| fail(&e))?;
+        data.copy_from_slice(&out);
+        Ok(())
+    }
 }
 
 impl DeviceAllReduce for burn::backend::NdArray {}
@@ -58,17 +129,26 @@ impl DeviceAllReduce for burn::backend::Cuda {
         client.sync_collective();
         Tensor::from_primitive(TensorPrimitive::Float(prim))
     }
+
+    fn node_transport(
+        device: &Self::Device,
+        c: &mut dyn Collective,
+    ) -> Result<Option<Box<dyn HostSum>>, CollectiveError> {
+        Ok(Some(Box::new(NcclGroup::join(device.index, c)?)))
+    }
 }
 
 /// Sums `g` over the ranks of `c` (nothing to do for one rank). The gradients are laid out as one
 /// tensor on `device`; when every rank is a device of this process (`peers`, in rank order) and
-/// the backend sums on its devices, they never leave them; otherwise they go through the host.
+/// the backend sums on its devices, they never leave them; otherwise they go through the host,
+/// and between processes through `node` when the backend has its own transport (NCCL).
 pub fn reduce<B>(
     model: &TdtModel<B>,
     g: StepGradients,
     c: &mut dyn Collective,
     device: &B::Device,
     peers: &[B::Device],
+    node: Option<&mut (dyn HostSum + 'static)>,
 ) -> Result<StepGradients, CollectiveError>
 where
     B: AutodiffBackend + TdtBackend,
@@ -89,7 +169,10 @@ where
             .convert::<f32>()
             .into_vec::<f32>()
             .map_err(|e| CollectiveError::Network(format!("reading gradients: {e:?}")))?;
-        c.all_reduce_sum(&mut host)?;
+        match node {
+            Some(n) => n.sum(&mut host)?,
+            None => c.all_reduce_sum(&mut host)?,
+        }
         Tensor::from_data(TensorData::new(host, [n]), device)
     };
     let stats = [

@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 use super::metrics::{MetricsLog, StepMetrics};
-use super::parallel::DeviceAllReduce;
+use super::parallel::{DeviceAllReduce, HostSum};
 use super::{RankBatches, TrainError, Trainer};
 use crate::checkpoint::{self, checkpoint_dir, TrainState};
 use crate::config::ConfigError;
@@ -267,11 +267,15 @@ fn rank_main<B: AutodiffBackend + TdtBackend>(
 where
     B::InnerBackend: DeviceAllReduce,
 {
-    let mut coll: Box<dyn Collective> = match member {
-        Member::Ready(c) => c,
-        Member::Tcp(r) => Box::new(TcpGroup::join(&r)?),
+    let (mut coll, processes): (Box<dyn Collective>, bool) = match member {
+        Member::Ready(c) => (c, false),
+        Member::Tcp(r) => (Box::new(TcpGroup::join(&r)?), true),
     };
-    let result = rank_loop::<B>(shared, device, peers, &mut *coll, on_step);
+    let node = match processes {
+        true => B::InnerBackend::node_transport(&device, &mut *coll)?,
+        false => None,
+    };
+    let result = rank_loop::<B>(shared, device, peers, node, &mut *coll, on_step);
     match &result {
         Ok(_) => coll.finish(),
         Err(e) => coll.abort(&e.to_string()),
@@ -283,6 +287,7 @@ fn rank_loop<B: AutodiffBackend + TdtBackend>(
     sh: &Shared<'_>,
     device: B::Device,
     peers: &[B::Device],
+    node: Option<Box<dyn HostSum>>,
     coll: &mut dyn Collective,
     mut on_step: Option<OnStep<'_>>,
 ) -> Result<RunSummary, TrainError>
@@ -293,6 +298,7 @@ where
     let rank = coll.rank() as u32;
     let lead = rank == 0;
     let mut trainer = Trainer::<B>::new(cfg.clone(), sh.vocab, device)?;
+    trainer.node_transport = node;
     if let Some((ckpt, state)) = &sh.resume {
         trainer.restore(ckpt, state)?;
     }

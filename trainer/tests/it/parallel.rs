@@ -385,7 +385,7 @@ fn the_ranks_summed_gradients_are_one_rank_s_mean_gradient() {
                     let slots: Vec<u64> = share.iter().map(|&k| k as u64).collect();
                     let mut t = Trainer::<B>::new(cfg.clone(), vocab, Default::default()).unwrap();
                     let g = t.gradients_at(&mine, &slots, 6.0).unwrap();
-                    let g = asr_trainer::reduce(&t.model, g, &mut m, &t.device, &[]).unwrap();
+                    let g = asr_trainer::reduce(&t.model, g, &mut m, &t.device, &[], None).unwrap();
                     m.finish();
                     (flatten_gradients(&t.model, &g.grads), g.loss)
                 })
