@@ -588,6 +588,35 @@ mod tests {
             assert_eq!(t, l.as_ref().unwrap());
         }
 
+        // A rank whose process dies mid-run (its connection closes): rank 0 names it, and
+        // passes the news on to the others as rank_main does (abort on error).
+        let addr3 = format!("127.0.0.1:{}", free_port());
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let r = Rendezvous { addr: addr3.clone(), ..rdv(rank, 7) };
+                std::thread::spawn(move || {
+                    let mut g = TcpGroup::join(&r)?;
+                    for round in 0..10 {
+                        if rank == 2 && round == 4 {
+                            drop(g);
+                            return Ok(());
+                        }
+                        let mut data = vec![1.0f32; 8];
+                        if let Err(e) = g.all_reduce_sum(&mut data) {
+                            g.abort(&e.to_string());
+                            return Err(e);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let e0 = results[0].as_ref().unwrap_err().to_string();
+        let e1 = results[1].as_ref().unwrap_err().to_string();
+        assert!(e0.starts_with("rank 2 stopped"), "{e0}");
+        assert!(e1.contains("rank 2 stopped"), "{e1}");
+
         // A rank with another fingerprint (config, corpus or binary) is refused, on both ends.
         let addr = format!("127.0.0.1:{}", free_port());
         let r0 = Rendezvous { addr: addr.clone(), world: 2, ..rdv(0, 1) };
