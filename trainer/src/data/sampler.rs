@@ -349,6 +349,15 @@ impl CellTable {
         (corpus * self.n_sources + s) * self.n_languages + l
     }
 
+    /// Calls `f(utterance, its cell)` for every utterance, in order.
+    fn for_each(&self, languages: &[u16], mix: &Mix<'_>, mut f: impl FnMut(usize, u32)) {
+        for (corpus, range) in corpus_ranges(mix, languages.len()) {
+            for i in range {
+                f(i, self.cell_of_code[self.code(corpus, i, languages, mix)]);
+            }
+        }
+    }
+
     /// Epoch `epoch`'s draws (see [`epoch_draws_mixed`]).
     fn draws(
         &self,
@@ -364,13 +373,11 @@ impl CellTable {
         }
         let mut members = vec![0u32; languages.len()];
         let mut fill = start.clone();
-        for (corpus, range) in corpus_ranges(mix, languages.len()) {
-            for i in range {
-                let c = self.cell_of_code[self.code(corpus, i, languages, mix)] as usize;
-                members[fill[c]] = i as u32;
-                fill[c] += 1;
-            }
-        }
+        self.for_each(languages, mix, |i, c| {
+            let c = c as usize;
+            members[fill[c]] = i as u32;
+            fill[c] += 1;
+        });
         drop(fill);
 
         let mut draws = Vec::with_capacity(languages.len());
@@ -831,11 +838,7 @@ pub(crate) fn for_each_cell(
 ) -> Result<Vec<Cell>, PlanError> {
     check_mix(languages.len(), mix, config)?;
     let t = CellTable::build(languages, mix, config)?;
-    for (corpus, range) in corpus_ranges(mix, languages.len()) {
-        for i in range {
-            f(i, &t.cells[t.cell_of_code[t.code(corpus, i, languages, mix)] as usize]);
-        }
-    }
+    t.for_each(languages, mix, |i, c| f(i, &t.cells[c as usize]));
     Ok(t.cells)
 }
 

@@ -62,6 +62,16 @@ pub fn drop_grads<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &mut Grad
     module.visit(&mut Drop(grads));
 }
 
+/// A tensor's values as f32 on the host; NaNs (read as non-finite downstream) if they cannot be
+/// read.
+pub fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    let n = t.shape().num_elements();
+    match t.into_data().convert::<f32>().into_vec::<f32>() {
+        Ok(v) if v.len() == n => v,
+        _ => vec![f32::NAN; n],
+    }
+}
+
 /// Every float parameter's gradient in module order, as one host array: per parameter a presence
 /// flag (1 if `grads` holds its gradient, else 0) and its values (zeros when absent). (Tests
 /// compare gradients with it; training uses [`flatten_on_device`].)
@@ -76,11 +86,7 @@ pub fn flatten<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &GradientsPa
             match self.grads.get::<B::InnerBackend, D>(param.id) {
                 Some(g) => {
                     self.out.push(1.0);
-                    match g.into_data().convert::<f32>().into_vec::<f32>() {
-                        Ok(v) if v.len() == n => self.out.extend(v),
-                        // A gradient that cannot be read counts as non-finite.
-                        _ => self.out.extend(std::iter::repeat_n(f32::NAN, n)),
-                    }
+                    self.out.extend(host_values(g));
                 }
                 None => {
                     self.out.push(0.0);

@@ -314,15 +314,6 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(())
     }
 
-    /// Forward and backward over one rank's micro-batches of an optimizer step (the rank's
-    /// mean), the micro-batch counter advancing by one per batch.
-    pub fn gradients(&mut self, batches: &[PaddedBatch]) -> Result<StepGradients, TrainError> {
-        let slots: Vec<u64> = (self.micro..self.micro + batches.len() as u64).collect();
-        let g = self.gradients_at(batches, &slots, batches.len().max(1) as f64)?;
-        self.micro = slots.last().map_or(self.micro, |&m| m + 1);
-        Ok(g)
-    }
-
     /// Forward and backward over micro-batches that are numbers `slots` of the run (batch `k`
     /// draws its dither, SpecAugment masks, backend seed and loss branches from `slots[k]`), each
     /// loss divided by `divisor` before backward: with the step's micro-batch count over all

@@ -253,11 +253,7 @@ fn buffers<B: AutodiffBackend>(model: &TdtModel<B>) -> Vec<f32> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let value = param.val();
             if !value.is_require_grad() {
-                let n = value.shape().num_elements();
-                match value.into_data().convert::<f32>().into_vec::<f32>() {
-                    Ok(v) if v.len() == n => self.0.extend(v),
-                    _ => self.0.extend(std::iter::repeat_n(f32::NAN, n)),
-                }
+                self.0.extend(grads::host_values(value));
             }
         }
     }
