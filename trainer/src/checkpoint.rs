@@ -229,20 +229,24 @@ pub fn load_for_inference<B: Backend>(
 /// Every float parameter of a checkpoint's model, in module order, read on the CPU backend
 /// (for comparing runs value for value).
 pub fn cpu_parameters(ckpt: &Path) -> Result<Vec<Vec<f32>>, CheckpointError> {
-    type Cpu = burn::backend::NdArray;
+    let (model, _) = load_for_inference::<burn::backend::NdArray>(ckpt, &Default::default())?;
+    parameters(&model).map_err(|(index, detail)| CheckpointError::Parameter {
+        path: ckpt.to_owned(),
+        index,
+        detail,
+    })
+}
+
+/// Every float parameter of a model, in module order; an error names the first that is not
+/// f32 by position.
+pub fn parameters<B: Backend, M: Module<B>>(model: &M) -> Result<Vec<Vec<f32>>, (usize, String)> {
     struct Collect(Vec<Result<Vec<f32>, String>>);
-    impl ModuleVisitor<Cpu> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Cpu, D>>) {
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             self.0.push(param.val().into_data().to_vec::<f32>().map_err(|e| format!("{e:?}")));
         }
     }
-    let (model, _) = load_for_inference::<Cpu>(ckpt, &Default::default())?;
     let mut c = Collect(Vec::new());
     model.visit(&mut c);
-    c.0.into_iter()
-        .enumerate()
-        .map(|(index, p)| {
-            p.map_err(|detail| CheckpointError::Parameter { path: ckpt.to_owned(), index, detail })
-        })
-        .collect()
+    c.0.into_iter().enumerate().map(|(i, p)| p.map_err(|d| (i, d))).collect()
 }

@@ -17,6 +17,7 @@ mod config;
 mod data;
 mod eval;
 mod model;
+pub mod nemo;
 pub mod rng;
 pub mod tdt;
 mod tokenizer;

@@ -119,6 +119,11 @@ impl Pieces {
         self.pieces.len()
     }
 
+    /// The text of piece `id` (empty past the end).
+    pub fn piece(&self, id: usize) -> &str {
+        self.pieces.get(id).map_or("", |(p, _)| p.as_str())
+    }
+
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.pieces.is_empty()

@@ -56,16 +56,33 @@ impl<B: Backend> Subsampling<B> {
         }
     }
 
-    /// `[B, T, F]` to `[B, T', d_model]` (channels-last inside; flattened channel-major, as
-    /// NeMo flattens `[C, F']`).
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let mut x = relu(self.first.forward(x.unsqueeze_dim(3)));
+    /// `[B, T, F]` with `lens` valid frames to `[B, T', d_model]` (channels-last inside;
+    /// flattened channel-major, as NeMo flattens `[C, F']`). As NeMo 2's
+    /// `MaskedConvSequential`, every stage's output is zeroed past that stage's valid length,
+    /// so the frames next to the end of an utterance never read padding's activations (and an
+    /// utterance encodes the same alone or padded in a batch).
+    fn forward(&self, x: Tensor<B, 3>, lens: &[usize]) -> Tensor<B, 3> {
+        let device = x.device();
+        let mut lens = lens.to_vec();
+        let stage = |x: Tensor<B, 4>, lens: &mut Vec<usize>| {
+            lens.iter_mut().for_each(|n| *n = stage_len(*n));
+            let t = x.dims()[1];
+            x * time_mask::<B>(lens, t, &device)
+        };
+        let mut x = stage(relu(self.first.forward(x.unsqueeze_dim(3))), &mut lens);
         for (dw, pw) in self.depthwise.iter().zip(&self.pointwise) {
-            x = relu(pw.forward(dw.forward(x)));
+            x = stage(relu(pw.forward(dw.forward(x))), &mut lens);
         }
         let [b, t, f, c] = x.dims();
         self.out.forward(x.swap_dims(2, 3).reshape([b, t, c * f]))
     }
+}
+
+/// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.
+fn time_mask<B: Backend>(lens: &[usize], t: usize, device: &B::Device) -> Tensor<B, 4> {
+    let keep: Vec<f32> =
+        lens.iter().flat_map(|&n| (0..t).map(move |j| if j < n { 1.0 } else { 0.0 })).collect();
+    Tensor::from_data(TensorData::new(keep, [lens.len(), t, 1, 1]), device)
 }
 
 /// Sinusoidal encodings of relative positions `T-1, ..., -(T-1)`: `[1, 2T-1, d]`.
@@ -276,11 +293,16 @@ impl<B: Backend> Encoder<B> {
         }
     }
 
-    /// Features `[B, T, F]` with `lens` valid frames each, to encodings `[B, T', d_model]` and
-    /// valid encoder frames `lens'` (computed by the caller with [`encoded_len`]).
-    pub fn forward(&self, features: Tensor<B, 3>, enc_lens: &[usize]) -> Tensor<B, 3> {
+    /// Features `[B, T, F]` with `frame_lens` valid frames each, to encodings `[B, T', d_model]`
+    /// with `enc_lens` valid frames (computed by the caller with [`encoded_len`]).
+    pub fn forward(
+        &self,
+        features: Tensor<B, 3>,
+        frame_lens: &[usize],
+        enc_lens: &[usize],
+    ) -> Tensor<B, 3> {
         let device = features.device();
-        let mut x = self.subsampling.forward(features);
+        let mut x = self.subsampling.forward(features, frame_lens);
         let [b, t, d] = x.dims();
         if self.xscaling {
             x = x.mul_scalar((d as f64).sqrt());

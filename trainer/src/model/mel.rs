@@ -4,7 +4,8 @@
 //! `y[t] = x[t] - 0.97 x[t-1]`; STFT with `center=True` zero padding of `n_fft / 2`, a symmetric
 //! Hann window of `window_size` samples centred in `n_fft`, hop `window_stride`; power spectrum;
 //! Slaney mel filterbank (librosa's `filters.mel(norm="slaney", htk=False)`); `log(x + 2^-24)`;
-//! per-feature normalisation over each utterance's valid frames (mean, unbiased std + 1e-5);
+//! per-feature normalisation over each utterance's valid frames (`samples / hop` of them, as
+//! NeMo 2 counts; mean, unbiased std + 1e-5);
 //! frames past the valid length set to 0. Frames are assembled on the device from hop-sized
 //! blocks of the padded signal and multiplied by the windowed DFT basis (one matrix product), so
 //! the whole front end is tensor operations on the device.
@@ -73,9 +74,11 @@ fn gaussian(n: usize, seed: u64, scale: f64) -> Vec<f32> {
     crate::rng::SplitMix64::new(seed).gaussian(n, scale)
 }
 
-/// Frames the front end produces for `samples` input samples.
+/// Valid frames of an utterance of `samples` samples: `samples / hop`, as NeMo 2 counts them
+/// (`FilterbankFeatures.get_seq_len`). The padded tensor has `max_samples / hop + 1` centred
+/// frames; the last one of each utterance is treated as padding, as NeMo does.
 pub fn frames(cfg: &PreprocessorConfig, samples: usize) -> usize {
-    samples / cfg.window_stride + 1
+    samples / cfg.window_stride
 }
 
 impl<B: Backend> MelFrontend<B> {

@@ -70,7 +70,7 @@ impl<B: Backend> TdtModel<B> {
     ) -> (Tensor<B, 3>, Vec<usize>) {
         let enc_lens: Vec<usize> =
             frame_lens.iter().map(|&n| encoded_len(&cfg.encoder, n)).collect();
-        let enc = self.encoder.forward(features, &enc_lens);
+        let enc = self.encoder.forward(features, frame_lens, &enc_lens);
         let t = enc.dims()[1];
         (enc, enc_lens.into_iter().map(|n| n.min(t)).collect())
     }

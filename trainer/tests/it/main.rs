@@ -5,6 +5,7 @@
 
 mod batches;
 mod mel;
+mod nemo;
 mod parallel;
 mod parity;
 mod plan_cli;

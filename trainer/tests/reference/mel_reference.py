@@ -42,7 +42,9 @@ def features(pcm, n_mels, sr=16000, n_fft=512, win=400, hop=160, preemph=0.97):
     off = (n_fft - win) // 2
     window[off:off + win] = np.hanning(win)  # symmetric, as torch.hann_window(periodic=False)
     padded = np.pad(x, n_fft // 2)  # center=True, zeros
-    n_frames = len(x) // hop + 1
+    # NeMo 2 (FilterbankFeatures.get_seq_len) counts len // hop valid frames: the last centred
+    # frame is padding.
+    n_frames = len(x) // hop
     frames = np.stack([padded[t * hop:t * hop + n_fft] * window for t in range(n_frames)])
     power = np.abs(np.fft.rfft(frames, n=n_fft, axis=1)) ** 2
     mel = np.log(power @ filterbank(sr, n_fft, n_mels).T + 2.0 ** -24)
