@@ -56,6 +56,8 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
         resume,
         stop_at,
         val_corpus: None,
+        init: None,
+        allow_unmapped: false,
     };
     let a = run_cpu(cfg.clone(), &opts(&whole, false, None), &mut |_, _| {}).unwrap();
     assert_eq!(a.steps, 30);
@@ -128,6 +130,8 @@ fn parts_train_as_one_set_with_corpus_index_ids_and_resume_exactly() {
         resume,
         stop_at,
         val_corpus: None,
+        init: None,
+        allow_unmapped: false,
     };
     let whole = dir.path().join("whole");
     let a = run_cpu(cfg.clone(), &opts(&whole, &data, false, None), &mut |_, _| {}).unwrap();
@@ -182,6 +186,8 @@ fn tiny_model_overfits_five_utterances() {
         resume: false,
         stop_at: None,
         val_corpus: Some(corpus.clone()),
+        init: None,
+        allow_unmapped: false,
     };
     let summary = run_cpu(cfg, &opts, &mut |_, _| {}).unwrap();
     let validated: Vec<f64> = summary
@@ -197,4 +203,92 @@ fn tiny_model_overfits_five_utterances() {
     }
     eprintln!("training WER {:.3}, CER {:.3}", e.overall.wer, e.overall.cer);
     assert!(e.overall.cer <= 0.05, "CER {:.3}", e.overall.cer);
+}
+
+/// The NeMo fixture (a 2-layer FastConformer-TDT made by NeMo over the example's tokenizer):
+/// the example compiles with the `.nemo` as its tokenizer, trains from its weights, evaluates
+/// it as imported, and exports back to a `.nemo` that imports to the checkpoint's weights.
+#[test]
+fn fine_tunes_a_nemo_model_and_exports_it_back() {
+    use asr_trainer::nemo;
+    let fixture = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap())
+        .join("../trainer/tests/data/nemo/tiny-tdt.nemo");
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("example.asrcorpus");
+    let mut o = Options::new(
+        Input::Manifest(example().join("manifest.parquet")),
+        corpus.clone(),
+        fixture.clone(),
+    );
+    o.jobs = 2;
+    compile(&o, &mut |_| {}).unwrap();
+    let c = Corpus::open(&corpus).unwrap();
+    let info = nemo::describe(&fixture).unwrap();
+    assert_eq!(c.metadata().tokenizer.model_xxh3, info.tokenizer_xxh3);
+    assert!(serde_json::to_string(&c.metadata().compile).unwrap().contains("tiny-tdt.nemo"));
+
+    // The imported model decodes the corpus as it is.
+    let e = evaluate_checkpoint_cpu(&fixture, &c, Some(4), 60.0).unwrap();
+    assert_eq!(e.utterances.len(), 4);
+
+    let mut cfg = config(
+        "[train]\nmax_steps = 1\ncheckpoint_every = 1\n[sampler]\nmax_batch_seconds = 12.0\n\
+         [optim]\nlr = 0.0\nweight_decay = 0.0\nwarmup_steps = 0\n",
+    );
+    cfg.loss.durations = info.model.durations.clone();
+    cfg.model = info.model.clone();
+    let opts = |out: &Path| RunOptions {
+        data: vec![DataSpec::new(&corpus)],
+        out: out.to_path_buf(),
+        resume: false,
+        stop_at: None,
+        val_corpus: None,
+        init: Some(fixture.clone()),
+        allow_unmapped: false,
+    };
+    // With a learning rate of 0 the checkpoint holds the imported weights exactly.
+    let still = dir.path().join("still");
+    run_cpu(cfg.clone(), &opts(&still), &mut |_, _| {}).unwrap();
+    let ckpt = latest(&still.join("checkpoints")).unwrap();
+    let imported =
+        nemo::import::<burn::backend::NdArray>(&fixture, false, &Default::default()).unwrap();
+    let want = asr_trainer::checkpoint::parameters(&imported.model).unwrap();
+    let differ = |a: &[Vec<f32>], b: &[Vec<f32>]| -> Vec<usize> {
+        assert_eq!(a.len(), b.len());
+        (0..a.len()).filter(|&i| a[i] != b[i]).collect()
+    };
+    // Training updates BatchNorm's running statistics whatever the learning rate; nothing else.
+    let paths = nemo::weights::parameter_paths(&imported.model);
+    assert_eq!(paths.len(), want.len());
+    let d = differ(&cpu_parameters(&ckpt).unwrap(), &want);
+    let moved: Vec<&str> = d.iter().map(|&i| paths[i].as_str()).collect();
+    assert_eq!(moved.len(), 4, "{moved:?}");
+    assert!(
+        moved.iter().all(|p| p.ends_with(".running_mean") || p.ends_with(".running_var")),
+        "{moved:?}"
+    );
+
+    // A few real steps move the weights; the export imports to the checkpoint's weights.
+    cfg.optim.lr = 0.001;
+    cfg.train.max_steps = 3;
+    let tuned = dir.path().join("tuned");
+    let s = run_cpu(cfg, &opts(&tuned), &mut |_, _| {}).unwrap();
+    assert!(s.metrics.iter().all(|m| m.loss.is_finite()));
+    let ckpt = latest(&tuned.join("checkpoints")).unwrap();
+    let got = cpu_parameters(&ckpt).unwrap();
+    assert!(!differ(&got, &want).is_empty());
+    let out = dir.path().join("tuned.nemo");
+    let state = load_state(&ckpt).unwrap();
+    let (model, _) = asr_trainer::checkpoint::load_for_inference::<burn::backend::NdArray>(
+        &ckpt,
+        &Default::default(),
+    )
+    .unwrap();
+    let mut loss = state.config.loss.clone();
+    loss.durations = state.config.model.durations.clone();
+    nemo::export(&model, &state.config.model, &loss, c.tokenizer_model(), &out).unwrap();
+    let back = nemo::import::<burn::backend::NdArray>(&out, false, &Default::default()).unwrap();
+    let d = differ(&asr_trainer::checkpoint::parameters(&back.model).unwrap(), &got);
+    assert!(d.is_empty(), "parameters {d:?} differ after export and import");
+    assert_eq!(back.info.model, state.config.model);
 }

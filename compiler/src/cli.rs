@@ -151,7 +151,7 @@ pub struct RetokenizeArgs {
     /// Corpus to read.
     #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub corpus: PathBuf,
-    /// The new SentencePiece model.
+    /// The new SentencePiece model: a `.model` file, or a NeMo `.nemo` (its tokenizer).
     #[arg(long, value_name = "MODEL", value_hint = ValueHint::FilePath)]
     pub tokenizer: PathBuf,
     /// Corpus to write (a new file; missing directories are created).
@@ -216,7 +216,8 @@ pub struct CompileArgs {
     /// directories are created.
     #[arg(short, long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub output: PathBuf,
-    /// SentencePiece model; it is embedded in the corpus.
+    /// SentencePiece model: a `.model` file, or a NeMo `.nemo` whose tokenizer is used (the
+    /// corpus then trains and evaluates that model); it is embedded in the corpus.
     #[arg(long, value_name = "MODEL", value_hint = ValueHint::FilePath)]
     pub tokenizer: PathBuf,
     /// Base directory for relative audio paths (default: the manifest's directory).

@@ -36,6 +36,9 @@ pub enum TokenizeError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A `.nemo` archive without a usable SentencePiece tokenizer.
+    #[error("{0}")]
+    Nemo(String),
     /// The bytes are not a SentencePiece model.
     #[error("{path} is not a SentencePiece model: {reason}")]
     Model {
@@ -78,11 +81,20 @@ pub struct Encoded {
 }
 
 impl Tokenizer {
-    /// Loads a `.model` file; its bytes are kept to be embedded in the corpus.
+    /// Loads a SentencePiece `.model` file, or the tokenizer inside a NeMo `.nemo` archive (the
+    /// member its `tokenizer.model_path` names); the model's bytes are kept to be embedded in
+    /// the corpus.
     pub fn open(path: &Path) -> Result<Tokenizer, TokenizeError> {
         let shown = path.display().to_string();
-        let model = std::fs::read(path)
-            .map_err(|source| TokenizeError::Io { path: shown.clone(), source })?;
+        let is_nemo = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("nemo"));
+        let model = if is_nemo {
+            asr_nemo::Archive::open(path)
+                .and_then(|a| a.tokenizer_model().map(<[u8]>::to_vec))
+                .map_err(|e| TokenizeError::Nemo(e.to_string()))?
+        } else {
+            std::fs::read(path)
+                .map_err(|source| TokenizeError::Io { path: shown.clone(), source })?
+        };
         let spp = SentencePieceProcessor::from_serialized_proto(&model)
             .map_err(|e| TokenizeError::Model { path: shown, reason: e.to_string() })?;
         Ok(Tokenizer { spp, model })

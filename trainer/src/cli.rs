@@ -66,6 +66,63 @@ pub enum Command {
     #[command(after_help = "Examples:\n  asrt eval corpus.asrcorpus --checkpoint runs/tiny\n  \
         asrt eval corpus.asrcorpus --checkpoint runs/tiny/checkpoints/step-00000100 --json")]
     Eval(EvalArgs),
+    /// Import a NeMo `.nemo` FastConformer-TDT model (Parakeet-TDT) into a model directory.
+    ///
+    /// Reads model_config.yaml (architecture, front end, durations, loss options), the state
+    /// dict (every key mapped to a parameter, BatchNorm running statistics included) and the
+    /// SentencePiece tokenizer. CTC-only and duration-less RNN-T models are refused; a hybrid
+    /// TDT-CTC model imports its TDT part and names what was ignored. Any key that maps to no
+    /// parameter, a missing key or a wrong shape is an error naming the key. The directory is
+    /// written complete or not at all. `asrt train --init` and `asrt eval --checkpoint` take the
+    /// directory or the `.nemo` itself; compile corpora with `asrc compile --tokenizer MODEL.nemo`.
+    #[command(after_help = "Examples:
+  asrt import parakeet-tdt-0.6b-v2.nemo -o models/parakeet
+  \
+        asrc compile manifest.parquet --tokenizer parakeet-tdt-0.6b-v2.nemo -o train.asrcorpus
+  \
+        asrt train train.asrcorpus --config finetune.toml --init models/parakeet --out runs/ft")]
+    Import(ImportArgs),
+    /// Export a checkpoint (or an imported model) as a `.nemo` that NeMo loads.
+    ///
+    /// Writes model_config.yaml for NeMo's EncDecRNNTBPEModel (TDT loss, greedy TDT decoding),
+    /// the state dict in PyTorch's format and the tokenizer, so that
+    /// `ASRModel.restore_from("model.nemo")` and the NeMo, Riva and sherpa tools take the model.
+    /// The tokenizer comes from the training set's first corpus, or --tokenizer.
+    #[command(after_help = "Examples:
+  asrt export runs/ft -o parakeet-ft.nemo
+  \
+        asrt export runs/ft/checkpoints/step-00002000 -o ft-2000.nemo --tokenizer train.asrcorpus")]
+    Export(ExportArgs),
+}
+
+/// Arguments of `asrt import`.
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    /// The `.nemo` file.
+    #[arg(value_name = "MODEL.nemo", value_hint = ValueHint::FilePath)]
+    pub model: PathBuf,
+    /// The model directory to write (must not exist).
+    #[arg(short, long, value_name = "DIR", value_hint = ValueHint::DirPath)]
+    pub out: PathBuf,
+    /// Import even when state-dict keys map to no parameter (they are listed).
+    #[arg(long)]
+    pub allow_unmapped: bool,
+}
+
+/// Arguments of `asrt export`.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// A checkpoint directory, a training output directory (its newest checkpoint), or a model
+    /// directory written by `asrt import`.
+    #[arg(value_name = "CHECKPOINT", value_hint = ValueHint::DirPath)]
+    pub checkpoint: PathBuf,
+    /// The `.nemo` to write.
+    #[arg(short, long, value_name = "OUT.nemo", value_hint = ValueHint::FilePath)]
+    pub out: PathBuf,
+    /// Where the tokenizer comes from: a corpus, a `.nemo` or a SentencePiece `.model` (it must
+    /// be the one the model was trained with).
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Arguments of `asrt train`.
@@ -102,6 +159,14 @@ pub struct TrainArgs {
     /// MASTER_ADDR/MASTER_PORT set, this process is one of several (one per node).
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
+    /// Start from these weights: a `.nemo` file or a directory written by `asrt import`. The
+    /// model configuration is the model's (the config file's [model] section is replaced); the
+    /// corpora must be compiled with its tokenizer.
+    #[arg(long, value_name = "MODEL", value_hint = ValueHint::AnyPath)]
+    pub init: Option<PathBuf>,
+    /// With --init MODEL.nemo: import even when state-dict keys map to no parameter.
+    #[arg(long, requires = "init")]
+    pub allow_unmapped: bool,
     /// No progress bar.
     #[arg(short, long)]
     pub quiet: bool,
@@ -113,8 +178,9 @@ pub struct EvalArgs {
     /// Corpus to decode.
     #[arg(value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub corpus: PathBuf,
-    /// A checkpoint directory, or a training output directory (its newest checkpoint).
-    #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
+    /// A checkpoint directory, a training output directory (its newest checkpoint), a model
+    /// directory written by `asrt import`, or a `.nemo` file.
+    #[arg(long, value_name = "DIR", value_hint = ValueHint::AnyPath)]
     pub checkpoint: PathBuf,
     /// Decode only the first N utterances.
     #[arg(long)]

@@ -26,7 +26,7 @@ mod train;
 use std::process::ExitCode;
 
 // The command line.
-pub use cli::{Cli, Command, EvalArgs, PlanArgs, SamplerArgs, TrainArgs};
+pub use cli::{Cli, Command, EvalArgs, ExportArgs, ImportArgs, PlanArgs, SamplerArgs, TrainArgs};
 // Configuration.
 pub use config::{ConfigError, LoopConfig, OptimConfig, TrainConfig};
 // The batch plan, its report, and the loader.
@@ -70,5 +70,7 @@ pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Plan(args) => commands::plan::run(args),
         Command::Train(args) => commands::train::run(args),
         Command::Eval(args) => commands::eval::run(args),
+        Command::Import(args) => commands::nemo::import(args),
+        Command::Export(args) => commands::nemo::export(args),
     }
 }

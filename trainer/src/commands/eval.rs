@@ -38,8 +38,15 @@ fn table(e: &Evaluation) -> String {
 
 /// Runs `asrt eval`.
 pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
-    let ckpt = checkpoint::resolve(&args.checkpoint)?;
-    let state = checkpoint::load_state(&ckpt)?;
+    // A `.nemo` file or an imported directory evaluates as it is; otherwise a training
+    // checkpoint (or output directory).
+    let (ckpt, step) = if crate::nemo::is_nemo_source(&args.checkpoint) {
+        (args.checkpoint.clone(), None)
+    } else {
+        let ckpt = checkpoint::resolve(&args.checkpoint)?;
+        let step = checkpoint::load_state(&ckpt)?.step;
+        (ckpt, Some(step))
+    };
     let corpus =
         Corpus::open(&args.corpus).with_context(|| format!("opening {}", args.corpus.display()))?;
     let (limit, batch) = (args.limit, args.batch_seconds);
@@ -63,7 +70,8 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        print!("checkpoint {} (step {})\n{}", ckpt.display(), state.step, table(&result));
+        let step = step.map_or("imported".to_owned(), |s| format!("step {s}"));
+        print!("checkpoint {} ({step})\n{}", ckpt.display(), table(&result));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -19,6 +19,23 @@ fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     if let Some(n) = args.max_steps {
         cfg.train.max_steps = n;
     }
+    if let Some(init) = &args.init {
+        // The model is the initial model's; the loss keeps the run's options but its durations.
+        let info = crate::nemo::describe(init)?;
+        if !args.quiet {
+            eprintln!(
+                "asrt: model from {}: {} layers, d_model {}, {} heads, vocabulary {}, durations {:?}",
+                init.display(),
+                info.model.encoder.n_layers,
+                info.model.encoder.d_model,
+                info.model.encoder.n_heads,
+                info.vocab,
+                info.model.durations
+            );
+        }
+        cfg.loss.durations = info.model.durations.clone();
+        cfg.model = info.model;
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -101,6 +118,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         resume: args.resume,
         stop_at: args.stop_at,
         val_corpus: args.val_corpus.clone(),
+        init: args.init.clone(),
+        allow_unmapped: args.allow_unmapped,
     };
     let accum = cfg.train.grad_accum;
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {

@@ -35,6 +35,20 @@ pub enum EvalError {
         /// Why.
         source: asr_corpus::FormatError,
     },
+    /// A `.nemo` model or imported directory could not be read.
+    #[error("{0}")]
+    Import(#[from] crate::nemo::ImportError),
+    /// The model's tokenizer is not the corpus's.
+    #[error(
+        "the corpus's tokenizer (model_xxh3 {corpus}) is not the model's ({model}): compile the \
+         corpus with the model's tokenizer (asrc compile --tokenizer MODEL.nemo)"
+    )]
+    TokenizerMismatch {
+        /// The corpus's.
+        corpus: String,
+        /// The model's.
+        model: String,
+    },
     /// The model's vocabulary is not the corpus's.
     #[error("the corpus has a vocabulary of {corpus} tokens, the model {model}")]
     Vocabulary {
@@ -150,6 +164,19 @@ pub fn evaluate_checkpoint<B: Backend>(
     batch_seconds: f64,
     device: &B::Device,
 ) -> Result<Evaluation, EvalError> {
+    if crate::nemo::is_nemo_source(ckpt) {
+        let (model, info, _) = crate::nemo::load_init::<B>(ckpt, false, device)?;
+        let theirs = &corpus.metadata().tokenizer.model_xxh3;
+        if *theirs != info.tokenizer_xxh3 {
+            return Err(EvalError::TokenizerMismatch {
+                corpus: theirs.clone(),
+                model: info.tokenizer_xxh3,
+            });
+        }
+        let n = limit.unwrap_or(corpus.len()).min(corpus.len());
+        let indices: Vec<usize> = (0..n).collect();
+        return evaluate(&model, &info.model, corpus, &indices, batch_seconds, device);
+    }
     let (model, state) = checkpoint::load_for_inference::<B>(ckpt, device)?;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
     if vocab != state.vocab {

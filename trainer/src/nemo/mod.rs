@@ -259,6 +259,38 @@ pub fn load_init<B: Backend>(
     }
 }
 
+/// Whether `path` names a NeMo model source: a `.nemo` file or an imported directory.
+pub fn is_nemo_source(path: &Path) -> bool {
+    is_imported_dir(path)
+        || (path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("nemo")))
+}
+
+/// The configuration and tokenizer hash of a `.nemo` file or imported directory, without
+/// reading the weights.
+pub fn describe(path: &Path) -> Result<ModelInfo, ImportError> {
+    if path.is_dir() {
+        let p = path.join("nemo.json");
+        let text = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
+        return serde_json::from_str(&text)
+            .map_err(|e| ImportError::Record { path: p.clone(), detail: e.to_string() });
+    }
+    let archive = Archive::open(path)?;
+    let source = path.display().to_string();
+    let tokenizer = archive.tokenizer_model()?;
+    let pieces = Pieces::parse(tokenizer)
+        .map_err(|e| ImportError::Tokenizer { file: source.clone(), detail: e.to_string() })?;
+    let cfg = config::read(&archive, pieces.len())?;
+    Ok(ModelInfo {
+        model: cfg.model,
+        loss: cfg.loss,
+        vocab: cfg.vocab,
+        tokenizer_xxh3: tokenizer_hash(tokenizer),
+        source,
+        class: cfg.class,
+        ignored: cfg.ignored,
+    })
+}
+
 /// NeMo's `vocab.txt` for SentencePiece pieces (a word-initial piece without its `▁`, others
 /// prefixed `##`).
 fn vocab_txt(pieces: &[String]) -> String {

@@ -549,6 +549,12 @@ pub fn state_dict<B: Backend>(
     Ok(out)
 }
 
+/// The paths of a model's tensors (`encoder.layers.0.conv.norm.running_mean`, ...), in module
+/// order: the order of [`crate::checkpoint::parameters`].
+pub fn parameter_paths<B: Backend>(model: &TdtModel<B>) -> Vec<String> {
+    model.collect(None, None, false).iter().map(TensorSnapshot::full_path).collect()
+}
+
 /// Trainable parameters of a model with this configuration, counted from the map as PyTorch's
 /// `model.parameters()` counts them (BatchNorm running statistics are buffers, not counted).
 pub fn parameter_count(cfg: &ModelConfig, vocab: usize) -> usize {

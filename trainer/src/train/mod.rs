@@ -62,6 +62,9 @@ pub enum TrainError {
     /// The configuration cannot be used.
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
+    /// The initial `.nemo` model could not be read.
+    #[error("initial model: {0}")]
+    Import(#[from] crate::nemo::ImportError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),

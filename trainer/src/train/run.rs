@@ -37,6 +37,12 @@ pub struct RunOptions {
     pub stop_at: Option<u64>,
     /// Corpus to decode every `train.val_every` steps (WER/CER into the metrics line).
     pub val_corpus: Option<PathBuf>,
+    /// Initial weights of a fresh run: a `.nemo` file or an imported directory (`asrt import`),
+    /// whose model configuration `cfg.model` must already be and whose tokenizer must be the
+    /// training set's. Ignored when resuming (the checkpoint has the weights).
+    pub init: Option<PathBuf>,
+    /// Let `.nemo` state-dict keys that map to no parameter through.
+    pub allow_unmapped: bool,
 }
 
 /// What a run did.
@@ -144,6 +150,27 @@ where
         (Some(p), true) => Some(open_val(p, vocab, &tokenizer_xxh3)?),
         _ => None,
     };
+    if let Some(init) = &opts.init {
+        let info = crate::nemo::describe(init)?;
+        if info.tokenizer_xxh3 != tokenizer_xxh3 || info.vocab != vocab {
+            return Err(ConfigError::Invalid(format!(
+                "--init {}: its tokenizer (model_xxh3 {}, {} pieces) is not the training set's \
+                 ({tokenizer_xxh3}, {vocab} pieces): compile the corpora with --tokenizer {}",
+                init.display(),
+                info.tokenizer_xxh3,
+                info.vocab,
+                init.display()
+            ))
+            .into());
+        }
+        if info.model != cfg.model {
+            return Err(ConfigError::Invalid(format!(
+                "--init {}: the run's model configuration is not the model's",
+                init.display()
+            ))
+            .into());
+        }
+    }
     let ckpt_dir = checkpoint_dir(&opts.out);
     let resume = match opts.resume.then(|| checkpoint::latest(&ckpt_dir)).flatten() {
         Some(ckpt) => {
@@ -301,6 +328,13 @@ where
     trainer.node_transport = node;
     if let Some((ckpt, state)) = &sh.resume {
         trainer.restore(ckpt, state)?;
+    } else if let Some(init) = &opts.init {
+        let (model, _, _) =
+            crate::nemo::load_init::<B>(init, opts.allow_unmapped, &trainer.device)?;
+        trainer.model = burn::module::Module::load_record(
+            trainer.model.clone(),
+            burn::module::Module::into_record(model),
+        );
     }
     let (mut plan, mut epoch_step) = (sh.plan.clone(), sh.epoch_step);
     let mut log = match lead {

@@ -200,6 +200,8 @@ fn a_run_resumed_on_another_world_size_trains_the_epoch_s_utterances_as_often() 
         resume,
         stop_at,
         val_corpus: None,
+        init: None,
+        allow_unmapped: false,
     };
     // Enough steps to finish epoch 0 on any of the world sizes below.
     let mut cfg = config("");

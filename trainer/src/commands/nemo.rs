@@ -1,0 +1,114 @@
+//! `asrt import` and `asrt export`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use burn::backend::NdArray;
+
+use crate::checkpoint;
+use crate::cli::{ExportArgs, ImportArgs};
+use crate::nemo;
+
+/// Runs `asrt import`.
+pub fn import(args: &ImportArgs) -> anyhow::Result<ExitCode> {
+    let device = Default::default();
+    let imported = nemo::import::<NdArray>(&args.model, args.allow_unmapped, &device)?;
+    nemo::write_dir(&imported, &args.out)?;
+    let (i, r) = (&imported.info, &imported.report);
+    let e = &i.model.encoder;
+    println!(
+        "imported {} ({}): {} layers, d_model {}, {} heads, ff {}, {} mel bands, prediction {}x{}, \
+         joint {}, durations {:?}, vocabulary {} (tokenizer model_xxh3 {})",
+        args.model.display(),
+        i.class,
+        e.n_layers,
+        e.d_model,
+        e.n_heads,
+        e.ff_dim,
+        i.model.preprocessor.features,
+        i.model.decoder.pred_rnn_layers,
+        i.model.decoder.pred_hidden,
+        i.model.joint.joint_hidden,
+        i.model.durations,
+        i.vocab,
+        i.tokenizer_xxh3
+    );
+    println!(
+        "{} tensors, {} values ({} trainable parameters); written to {}",
+        r.tensors,
+        r.parameters,
+        nemo::weights::parameter_count(&i.model, i.vocab),
+        args.out.display()
+    );
+    for (what, n) in &r.ignored {
+        println!("ignored: {what}: {n} key(s)");
+    }
+    for what in &i.ignored {
+        println!("ignored: {what}");
+    }
+    if !r.unmapped.is_empty() {
+        println!("unmapped keys let through (--allow-unmapped): {}", r.unmapped.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The tokenizer model bytes of a corpus, a `.nemo` or a SentencePiece model file.
+fn tokenizer_from(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let ext = path.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
+    Ok(match ext.as_str() {
+        "nemo" => asr_nemo::Archive::open(path)?.tokenizer_model()?.to_vec(),
+        "asrcorpus" => asr_corpus::Corpus::open(path)
+            .with_context(|| format!("opening {}", path.display()))?
+            .tokenizer_model()
+            .to_vec(),
+        _ => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+    })
+}
+
+/// Runs `asrt export`.
+pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+    let device = Default::default();
+    let (model, cfg, loss, tokenizer, want_hash, from) = if nemo::is_imported_dir(&args.checkpoint)
+    {
+        let (model, info, tok) = nemo::read_dir::<NdArray>(&args.checkpoint, &device)?;
+        let tok = match &args.tokenizer {
+            Some(p) => tokenizer_from(p)?,
+            None => tok,
+        };
+        (model, info.model, info.loss, tok, info.tokenizer_xxh3, args.checkpoint.clone())
+    } else {
+        let ckpt = checkpoint::resolve(&args.checkpoint)?;
+        let (model, state) = checkpoint::load_for_inference::<NdArray>(&ckpt, &device)?;
+        let source = match (&args.tokenizer, state.corpora.first()) {
+            (Some(p), _) => p.clone(),
+            (None, Some(c)) => c.path.clone(),
+            (None, None) => bail!(
+                "{}: the checkpoint names no corpus; give the tokenizer with --tokenizer",
+                ckpt.display()
+            ),
+        };
+        let tok = tokenizer_from(&source)
+            .with_context(|| format!("the tokenizer (from {})", source.display()))?;
+        let mut loss = state.config.loss.clone();
+        loss.durations = state.config.model.durations.clone();
+        (model, state.config.model, loss, tok, state.tokenizer_xxh3, ckpt)
+    };
+    let got = nemo::tokenizer_hash(&tokenizer);
+    if got != want_hash {
+        bail!(
+            "the tokenizer given (model_xxh3 {got}) is not the one {} was trained with ({want_hash})",
+            from.display()
+        );
+    }
+    nemo::export(&model, &cfg, &loss, &tokenizer, &args.out)?;
+    println!(
+        "exported {} to {} ({} trainable parameters, vocabulary {}, durations {:?})",
+        from.display(),
+        args.out.display(),
+        nemo::weights::parameter_count(&cfg, crate::tokenizer::Pieces::parse(&tokenizer)?.len()),
+        crate::tokenizer::Pieces::parse(&tokenizer)?.len(),
+        cfg.durations
+    );
+    Ok(ExitCode::SUCCESS)
+}
