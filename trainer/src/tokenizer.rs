@@ -31,6 +31,7 @@ pub enum PieceType {
 #[derive(Debug, Clone)]
 pub struct Pieces {
     pieces: Vec<(String, PieceType)>,
+    scores: Vec<f32>,
 }
 
 fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
@@ -71,7 +72,9 @@ fn fields(b: &[u8]) -> Option<Vec<Field<'_>>> {
                 at = end;
             }
             5 => {
-                at = at.checked_add(4).filter(|&e| e <= b.len())?;
+                let end = at.checked_add(4).filter(|&e| e <= b.len())?;
+                out.push((field, wire, &b[at..end], 0));
+                at = end;
             }
             _ => return None,
         }
@@ -84,15 +87,18 @@ impl Pieces {
     pub fn parse(model: &[u8]) -> Result<Pieces, TokenizerError> {
         let bad = || TokenizerError::NotSentencePiece;
         let mut pieces = Vec::new();
+        let mut scores = Vec::new();
         for (field, wire, body, _) in fields(model).ok_or_else(bad)? {
             if field != 1 || wire != 2 {
                 continue;
             }
             let mut text = String::new();
             let mut kind = PieceType::Normal;
+            let mut score = 0f32;
             for (f, w, b, v) in fields(body).ok_or_else(bad)? {
                 match (f, w) {
                     (1, 2) => text = String::from_utf8_lossy(b).into_owned(),
+                    (2, 5) => score = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
                     (3, 0) => {
                         kind = match v {
                             2 => PieceType::Unknown,
@@ -107,16 +113,22 @@ impl Pieces {
                 }
             }
             pieces.push((text, kind));
+            scores.push(score);
         }
         if pieces.is_empty() {
             return Err(bad());
         }
-        Ok(Pieces { pieces })
+        Ok(Pieces { pieces, scores })
     }
 
     /// Number of pieces.
     pub fn len(&self) -> usize {
         self.pieces.len()
+    }
+
+    /// The score of piece `id` (0 past the end).
+    pub fn score(&self, id: usize) -> f32 {
+        self.scores.get(id).copied().unwrap_or(0.0)
     }
 
     /// The text of piece `id` (empty past the end).

@@ -376,6 +376,8 @@ pub struct ArtifactNames {
     pub tokenizer_model: String,
     /// NeMo's `vocab.txt`.
     pub vocab_txt: String,
+    /// SentencePiece's `tokenizer.vocab` (piece and score per line).
+    pub spe_vocab: String,
 }
 
 /// `model_config.yaml` for NeMo's `EncDecRNNTBPEModel` with this model, loss and tokenizer.
@@ -408,6 +410,7 @@ tokenizer:
   type: bpe
   model_path: nemo:{tokenizer_model}
   vocab_path: nemo:{vocab_txt}
+  spe_tokenizer_vocab: nemo:{spe_vocab}
 preprocessor:
   _target_: nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor
   sample_rate: {sample_rate}
@@ -505,6 +508,7 @@ target: nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel
         n_durations = cfg.durations.len(),
         tokenizer_model = names.tokenizer_model,
         vocab_txt = names.vocab_txt,
+        spe_vocab = names.spe_vocab,
         window_size = p.window_size as f64 / sr,
         window_stride = p.window_stride as f64 / sr,
         features = p.features,

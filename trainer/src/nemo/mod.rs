@@ -321,7 +321,11 @@ pub fn export<B: Backend>(
     let names = config::ArtifactNames {
         tokenizer_model: format!("{hash}_tokenizer.model"),
         vocab_txt: format!("{hash}_vocab.txt"),
+        spe_vocab: format!("{hash}_tokenizer.vocab"),
     };
+    // SentencePiece's own vocabulary listing: piece, tab, score.
+    let spe_vocab: String =
+        (0..vocab).map(|i| format!("{}\t{}\n", pieces.piece(i), pieces.score(i))).collect();
     let yaml = config::write(cfg, loss, &texts, &names);
     let sd = weights::state_dict(model, cfg, vocab)?;
     let mut ckpt = std::io::Cursor::new(Vec::new());
@@ -336,6 +340,7 @@ pub fn export<B: Backend>(
             (asr_nemo::WEIGHTS_MEMBER, &ckpt),
             (&names.tokenizer_model, tokenizer),
             (&names.vocab_txt, vocab_txt.as_bytes()),
+            (&names.spe_vocab, spe_vocab.as_bytes()),
         ],
     )
     .map_err(io("writing", out))

@@ -2,7 +2,6 @@
 //! `make.py` with NeMo 2.7.3 on the CPU (a 2-layer FastConformer-TDT with every parameter
 //! perturbed, and NeMo's outputs on three example utterances). Nothing here runs NeMo.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use asr_trainer::nemo::{self, torch_file, ImportError};
