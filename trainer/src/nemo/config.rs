@@ -288,6 +288,13 @@ pub fn read(archive: &Archive, vocab: usize) -> Result<NemoConfig, ImportError> 
     if r.int("encoder.feat_out", Some(-1))? != -1 {
         return Err(r.err("encoder.feat_out", "an output projection is not supported (-1 only)"));
     }
+    if r.float("encoder.stochastic_depth_drop_prob", Some(0.0))? > 0.0 {
+        ignored.push(
+            "encoder.stochastic_depth_drop_prob (training-time layer dropping is not implemented: \
+             fine-tuning runs without it)"
+                .to_owned(),
+        );
+    }
     let d_model = r.usize("encoder.d_model", None)?;
     if r.usize("encoder.feat_in", Some(features as i64))? != features {
         return Err(

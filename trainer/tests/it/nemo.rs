@@ -433,3 +433,58 @@ fn with_config_of(
     asr_nemo::write_archive(&out, &refs).unwrap();
     out
 }
+
+fn asrt(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_asrt")).args(args).output().unwrap()
+}
+
+#[test]
+fn import_and_export_on_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let imported = dir.path().join("imported");
+    let f = fixture();
+    let out = asrt(&["import".as_ref(), f.as_os_str(), "-o".as_ref(), imported.as_os_str()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("2 layers, d_model 64") && stdout.contains("105 tensors"), "{stdout}");
+    assert!(stdout.contains("num_batches_tracked"), "{stdout}");
+    for file in ["model.mpk", "nemo.json", "tokenizer.model", "model_config.yaml"] {
+        assert!(imported.join(file).is_file(), "{file}");
+    }
+    // Importing over an existing directory is refused, naming it; it is left as it was.
+    let again = asrt(&["import".as_ref(), f.as_os_str(), "-o".as_ref(), imported.as_os_str()]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    // Export of the directory imports to the same weights.
+    let nemo_out = dir.path().join("out.nemo");
+    let out = asrt(&["export".as_ref(), imported.as_os_str(), "-o".as_ref(), nemo_out.as_os_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let device = Default::default();
+    let a = nemo::import::<B>(&f, false, &device).unwrap();
+    let b = nemo::import::<B>(&nemo_out, false, &device).unwrap();
+    let (pa, pb) = (
+        asr_trainer::checkpoint::parameters(&a.model).unwrap(),
+        asr_trainer::checkpoint::parameters(&b.model).unwrap(),
+    );
+    assert!(pa == pb, "the exported weights differ from the imported ones");
+    // A foreign tokenizer is refused by hash.
+    let foreign = dir.path().join("foreign.model");
+    let mut bytes = a.tokenizer.clone();
+    bytes.extend_from_slice(b"\x0a\x05\x0a\x01x\x15\x00\x00\x00\x00");
+    std::fs::write(&foreign, &bytes).unwrap();
+    let out = asrt(&[
+        "export".as_ref(),
+        imported.as_os_str(),
+        "-o".as_ref(),
+        dir.path().join("bad.nemo").as_os_str(),
+        "--tokenizer".as_ref(),
+        foreign.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not the one"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.path().join("bad.nemo").exists());
+}
