@@ -866,7 +866,10 @@ fn check_mix(n: usize, mix: &Mix<'_>, config: &SamplerConfig) -> Result<(), Plan
         return Err(PlanError::Invalid(format!("corpus {c}'s weight {w} must be > 0 and finite")));
     }
     if !mix.sources.is_empty() && mix.sources.len() != n {
-        return Err(PlanError::LengthMismatch { durations: n, languages: mix.sources.len() });
+        return Err(PlanError::Invalid(format!(
+            "{} source ids for {n} utterances (one per utterance expected)",
+            mix.sources.len()
+        )));
     }
     if config.source_temperature.is_some_and(|t| !t.is_finite()) {
         return Err(PlanError::Invalid("source temperature must be finite".into()));

@@ -316,6 +316,11 @@ fn seed_mode_takes_every_utterance_of_every_corpus_once_and_refuses_weights() {
     assert!(EpochPlan::build_mixed(Durations::Seconds(&d), &l, &mix, &per_source, 0, 1, 1).is_err());
     let bad_ends = Mix { corpus_ends: &[10, 5, l.len() as u32], ..mix };
     assert!(EpochPlan::build_mixed(Durations::Seconds(&d), &l, &bad_ends, &cfg, 0, 1, 1).is_err());
+    let short_sources = Mix { sources: &s[1..], ..mix };
+    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &short_sources, &cfg, 0, 1, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("source ids") && e.contains(&l.len().to_string()), "{e}");
 }
 
 #[test]
