@@ -80,9 +80,7 @@ impl<B: Backend> Subsampling<B> {
 
 /// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.
 fn time_mask<B: Backend>(lens: &[usize], t: usize, device: &B::Device) -> Tensor<B, 4> {
-    let keep: Vec<f32> =
-        lens.iter().flat_map(|&n| (0..t).map(move |j| if j < n { 1.0 } else { 0.0 })).collect();
-    Tensor::from_data(TensorData::new(keep, [lens.len(), t, 1, 1]), device)
+    super::mask::keep::<B>(lens, t, device).reshape([lens.len(), t, 1, 1])
 }
 
 /// Sinusoidal encodings of relative positions `T-1, ..., -(T-1)`: `[1, 2T-1, d]`.
@@ -309,13 +307,9 @@ impl<B: Backend> Encoder<B> {
         }
         let pos = self.dropout.forward(rel_positions::<B>(t, self.d_model, &device));
         let x = self.dropout.forward(x);
-        let pad: Vec<bool> = (0..b).flat_map(|i| (0..t).map(move |j| j >= enc_lens[i])).collect();
-        let pad = Tensor::<B, 1, Bool>::from_data(TensorData::new(pad, [b * t]), &device)
-            .reshape([b, 1, 1, t]);
-        let keep: Vec<f32> = (0..b)
-            .flat_map(|i| (0..t).map(move |j| if j < enc_lens[i] { 1.0 } else { 0.0 }))
-            .collect();
-        let keep = Tensor::<B, 3>::from_data(TensorData::new(keep, [b, t, 1]), &device);
+        let valid = super::mask::valid::<B>(enc_lens, t, &device);
+        let keep = valid.clone().float().reshape([b, t, 1]);
+        let pad = valid.bool_not().reshape([b, 1, 1, t]);
         let mut x = x;
         for layer in &self.layers {
             x = layer.forward(x, pos.clone(), pad.clone(), keep.clone());

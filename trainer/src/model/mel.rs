@@ -135,10 +135,8 @@ impl<B: Backend> MelFrontend<B> {
         let mut x = Tensor::<B, 2, Int>::from_data(TensorData::new(ints, [batch, samples]), device)
             .float()
             .mul_scalar(1.0 / 32768.0);
-        let valid: Vec<f32> = (0..batch)
-            .flat_map(|b| (0..samples).map(move |t| if (t as u32) < lens[b] { 1.0 } else { 0.0 }))
-            .collect();
-        let valid = Tensor::<B, 2>::from_data(TensorData::new(valid, [batch, samples]), device);
+        let sample_lens: Vec<usize> = lens.iter().map(|&n| n as usize).collect();
+        let valid = super::mask::keep::<B>(&sample_lens, samples, device);
         if let (Some(seed), true) = (dither_seed, self.cfg.dither > 0.0) {
             let noise = gaussian(batch * samples, seed, self.cfg.dither);
             x = x + Tensor::<B, 2>::from_data(TensorData::new(noise, [batch, samples]), device);
@@ -178,13 +176,8 @@ impl<B: Backend> MelFrontend<B> {
 
         let frame_lens: Vec<usize> =
             lens.iter().map(|&n| frames(&self.cfg, n as usize).min(n_frames)).collect();
-        let mask: Vec<f32> = (0..batch)
-            .flat_map(|b| {
-                let l = frame_lens[b];
-                (0..n_frames).map(move |t| if t < l { 1.0 } else { 0.0 })
-            })
-            .collect();
-        let mask = Tensor::<B, 3>::from_data(TensorData::new(mask, [batch, n_frames, 1]), device);
+        let mask =
+            super::mask::keep::<B>(&frame_lens, n_frames, device).reshape([batch, n_frames, 1]);
         let counts: Vec<f32> = frame_lens.iter().map(|&l| l.max(1) as f32).collect();
         let counts = Tensor::<B, 1>::from_data(TensorData::new(counts, [batch]), device)
             .reshape([batch, 1, 1]);

@@ -4,6 +4,7 @@ pub mod config;
 pub mod conv;
 pub mod decoder;
 pub mod encoder;
+pub mod mask;
 pub mod mel;
 
 use burn::prelude::*;
