@@ -284,9 +284,8 @@ fn fine_tunes_a_nemo_model_and_exports_it_back() {
         &Default::default(),
     )
     .unwrap();
-    let mut loss = state.config.loss.clone();
-    loss.durations = state.config.model.durations.clone();
-    nemo::export(&model, &state.config.model, &loss, c.tokenizer_model(), &out).unwrap();
+    nemo::export(&model, &state.config.model, &state.config.loss, c.tokenizer_model(), &out)
+        .unwrap();
     let back = nemo::import::<burn::backend::NdArray>(&out, false, &Default::default()).unwrap();
     let d = differ(&asr_trainer::checkpoint::parameters(&back.model).unwrap(), &got);
     assert!(d.is_empty(), "parameters {d:?} differ after export and import");

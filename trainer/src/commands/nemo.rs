@@ -90,9 +90,7 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         };
         let tok = tokenizer_from(&source)
             .with_context(|| format!("the tokenizer (from {})", source.display()))?;
-        let mut loss = state.config.loss.clone();
-        loss.durations = state.config.model.durations.clone();
-        (model, state.config.model, loss, tok, state.tokenizer_xxh3, ckpt)
+        (model, state.config.model, state.config.loss, tok, state.tokenizer_xxh3, ckpt)
     };
     let got = nemo::tokenizer_hash(&tokenizer);
     if got != want_hash {
@@ -102,12 +100,12 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         );
     }
     nemo::export(&model, &cfg, &loss, &tokenizer, &args.out)?;
+    let vocab = crate::tokenizer::Pieces::parse(&tokenizer)?.len();
     println!(
-        "exported {} to {} ({} trainable parameters, vocabulary {}, durations {:?})",
+        "exported {} to {} ({} trainable parameters, vocabulary {vocab}, durations {:?})",
         from.display(),
         args.out.display(),
-        nemo::weights::parameter_count(&cfg, crate::tokenizer::Pieces::parse(&tokenizer)?.len()),
-        crate::tokenizer::Pieces::parse(&tokenizer)?.len(),
+        nemo::weights::parameter_count(&cfg, vocab),
         cfg.durations
     );
     Ok(ExitCode::SUCCESS)

@@ -69,6 +69,14 @@ pub fn mel_filterbank(sample_rate: u32, n_fft: usize, n_mels: usize) -> Vec<f64>
     fb
 }
 
+/// The symmetric Hann window of `win` samples NeMo's featurizer keeps
+/// (`torch.hann_window(win, periodic=False)`).
+pub fn hann_window(win: usize) -> Vec<f64> {
+    (0..win)
+        .map(|i| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / (win - 1) as f64).cos())
+        .collect()
+}
+
 /// `n` Gaussian samples of standard deviation `scale`.
 fn gaussian(n: usize, seed: u64, scale: f64) -> Vec<f32> {
     crate::rng::SplitMix64::new(seed).gaussian(n, scale)
@@ -87,17 +95,9 @@ impl<B: Backend> MelFrontend<B> {
         let (n_fft, win) = (cfg.n_fft, cfg.window_size);
         let bins = n_fft / 2 + 1;
         let offset = (n_fft - win) / 2;
-        // Symmetric Hann window (torch.hann_window(periodic=False)), centred in n_fft.
-        let window: Vec<f64> = (0..n_fft)
-            .map(|n| {
-                if n < offset || n >= offset + win {
-                    0.0
-                } else {
-                    let i = (n - offset) as f64;
-                    0.5 - 0.5 * (2.0 * std::f64::consts::PI * i / (win - 1) as f64).cos()
-                }
-            })
-            .collect();
+        // The window centred in n_fft, zero outside.
+        let mut window = vec![0.0; n_fft];
+        window[offset..offset + win].copy_from_slice(&hann_window(win));
         let mut dft = vec![0f32; 2 * bins * n_fft];
         for k in 0..bins {
             for (n, w) in window.iter().enumerate() {

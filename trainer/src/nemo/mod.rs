@@ -26,6 +26,7 @@ use asr_nemo::Archive;
 use burn::module::Module;
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn_store::ModuleSnapshot;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ModelConfig, TdtModel};
@@ -165,25 +166,40 @@ pub fn import<B: Backend>(
     device: &B::Device,
 ) -> Result<Imported<B>, ImportError> {
     let archive = Archive::open(path)?;
-    let source = path.display().to_string();
-    let tokenizer = archive.tokenizer_model()?.to_vec();
-    let pieces = Pieces::parse(&tokenizer)
-        .map_err(|e| ImportError::Tokenizer { file: source.clone(), detail: e.to_string() })?;
-    let cfg = config::read(&archive, pieces.len())?;
+    let (info, cfg) = archive_info(&archive)?;
     let sd = weights::read_archive_state_dict(&archive)?;
-    let model = TdtModel::<B>::new(&cfg.model, cfg.vocab, 0, device);
-    let opts = LoadOptions { ignore_prefixes: cfg.ignored_prefixes.clone(), allow_unmapped };
-    let (model, report) = weights::load(model, &cfg.model, cfg.vocab, &sd, &opts)?;
-    let info = ModelInfo {
-        model: cfg.model,
-        loss: cfg.loss,
-        vocab: cfg.vocab,
-        tokenizer_xxh3: tokenizer_hash(&tokenizer),
-        source,
-        class: cfg.class,
-        ignored: cfg.ignored,
-    };
+    let model = TdtModel::<B>::new(&info.model, info.vocab, 0, device);
+    let opts = LoadOptions { ignore_prefixes: cfg.ignored_prefixes, allow_unmapped };
+    let (model, report) = weights::load(model, &info.model, info.vocab, &sd, &opts)?;
+    let tokenizer = archive.tokenizer_model()?.to_vec();
     Ok(Imported { model, info, tokenizer, config_text: archive.config_text().to_owned(), report })
+}
+
+/// What an opened archive's configuration and tokenizer say (no weights read).
+fn archive_info(archive: &Archive) -> Result<(ModelInfo, config::NemoConfig), ImportError> {
+    let source = archive.path().display().to_string();
+    let tokenizer = archive.tokenizer_model()?;
+    let pieces = Pieces::parse(tokenizer)
+        .map_err(|e| ImportError::Tokenizer { file: source.clone(), detail: e.to_string() })?;
+    let cfg = config::read(archive, pieces.len())?;
+    let info = ModelInfo {
+        model: cfg.model.clone(),
+        loss: cfg.loss.clone(),
+        vocab: cfg.vocab,
+        tokenizer_xxh3: tokenizer_hash(tokenizer),
+        source,
+        class: cfg.class.clone(),
+        ignored: cfg.ignored.clone(),
+    };
+    Ok((info, cfg))
+}
+
+/// An imported directory's `nemo.json`.
+fn read_info(dir: &Path) -> Result<ModelInfo, ImportError> {
+    let p = dir.join("nemo.json");
+    let text = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
+    serde_json::from_str(&text)
+        .map_err(|e| ImportError::Record { path: p.clone(), detail: e.to_string() })
 }
 
 fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
@@ -233,10 +249,7 @@ pub fn read_dir<B: Backend>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(TdtModel<B>, ModelInfo, Vec<u8>), ImportError> {
-    let p = dir.join("nemo.json");
-    let text = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
-    let info: ModelInfo = serde_json::from_str(&text)
-        .map_err(|e| ImportError::Record { path: p.clone(), detail: e.to_string() })?;
+    let info = read_info(dir)?;
     let model = TdtModel::<B>::new(&info.model, info.vocab, 0, device)
         .load_file(dir.join("model"), &recorder(), device)
         .map_err(|e| ImportError::Record { path: dir.join("model.mpk"), detail: e.to_string() })?;
@@ -269,26 +282,39 @@ pub fn is_nemo_source(path: &Path) -> bool {
 /// reading the weights.
 pub fn describe(path: &Path) -> Result<ModelInfo, ImportError> {
     if path.is_dir() {
-        let p = path.join("nemo.json");
-        let text = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
-        return serde_json::from_str(&text)
-            .map_err(|e| ImportError::Record { path: p.clone(), detail: e.to_string() });
+        return read_info(path);
     }
-    let archive = Archive::open(path)?;
-    let source = path.display().to_string();
-    let tokenizer = archive.tokenizer_model()?;
-    let pieces = Pieces::parse(tokenizer)
-        .map_err(|e| ImportError::Tokenizer { file: source.clone(), detail: e.to_string() })?;
-    let cfg = config::read(&archive, pieces.len())?;
-    Ok(ModelInfo {
-        model: cfg.model,
-        loss: cfg.loss,
-        vocab: cfg.vocab,
-        tokenizer_xxh3: tokenizer_hash(tokenizer),
-        source,
-        class: cfg.class,
-        ignored: cfg.ignored,
-    })
+    Ok(archive_info(&Archive::open(path)?)?.0)
+}
+
+/// Initial weights of a run, read once for all its ranks: every tensor's path and values on
+/// the host (each rank copies them to its device with [`InitWeights::apply`]).
+pub struct InitWeights {
+    /// Configuration and provenance.
+    pub info: ModelInfo,
+    tensors: Vec<(String, TensorData)>,
+}
+
+impl InitWeights {
+    /// Reads a `.nemo` file or an imported directory.
+    pub fn read(path: &Path, allow_unmapped: bool) -> Result<InitWeights, ImportError> {
+        let (model, info, _) =
+            load_init::<burn::backend::NdArray>(path, allow_unmapped, &Default::default())?;
+        let tensors = model
+            .collect(None, None, false)
+            .into_iter()
+            .map(|s| {
+                let data = s.to_data().map_err(|e| ImportError::Internal(format!("{e:?}")))?;
+                Ok((s.full_path(), data))
+            })
+            .collect::<Result<_, ImportError>>()?;
+        Ok(InitWeights { info, tensors })
+    }
+
+    /// `model` (of this configuration) with these weights.
+    pub fn apply<B: Backend>(&self, model: TdtModel<B>) -> Result<TdtModel<B>, ImportError> {
+        weights::apply_tensors(model, self.tensors.clone())
+    }
 }
 
 /// NeMo's `vocab.txt` for SentencePiece pieces (a word-initial piece without its `▁`, others

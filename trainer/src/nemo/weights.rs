@@ -16,7 +16,8 @@ use burn_store::{ModuleSnapshot, TensorSnapshot};
 
 use super::torch_file::TorchTensor;
 use super::ImportError;
-use crate::model::mel::mel_filterbank;
+use crate::model::encoder::encoded_len;
+use crate::model::mel::{hann_window, mel_filterbank};
 use crate::model::{ModelConfig, TdtModel};
 
 /// How one NeMo tensor becomes (part of) one parameter of ours.
@@ -93,10 +94,8 @@ pub fn entries(cfg: &ModelConfig, vocab: usize) -> Vec<Entry> {
     let e = &cfg.encoder;
     let (d, c) = (e.d_model, e.subsampling_conv_channels);
     let stages = e.subsampling_factor.trailing_zeros() as usize;
-    let mut f = cfg.preprocessor.features;
-    for _ in 0..stages {
-        f = (f + 2 - 3) / 2 + 1;
-    }
+    // The mel bands left after subsampling (it strides over them as over frames).
+    let f = encoded_len(e, cfg.preprocessor.features);
     let mut b = Builder(Vec::new());
     let pre = "encoder.pre_encode";
     let sub = "encoder.subsampling";
@@ -285,13 +284,9 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The symmetric Hann window NeMo's featurizer keeps (`torch.hann_window(win, periodic=False)`).
+/// The front end's window as NeMo's featurizer keeps it, in f32.
 fn hann(win: usize) -> Vec<f32> {
-    (0..win)
-        .map(|i| {
-            (0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / (win - 1) as f64).cos()) as f32
-        })
-        .collect()
+    hann_window(win).into_iter().map(|x| x as f32).collect()
 }
 
 /// Our filterbank in NeMo's layout `[1, features, bins]`.
@@ -391,8 +386,8 @@ pub fn load<B: Backend>(
     opts: &LoadOptions,
 ) -> Result<(TdtModel<B>, WeightReport), ImportError> {
     let mut report = WeightReport::default();
-    let mut snaps = Vec::new();
-    let mut used: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut tensors = Vec::new();
+    let mut used = std::collections::HashSet::new();
     for entry in entries(cfg, vocab) {
         let Some((shape, values)) = sd.get(&entry.key) else {
             return Err(ImportError::MissingKey { key: entry.key, shape: entry.shape });
@@ -404,39 +399,23 @@ pub fn load<B: Backend>(
                 found: shape.clone(),
             });
         }
-        used.insert(sd.get_key_value(&entry.key).map(|(k, _)| k.as_str()).unwrap_or_default());
         report.tensors += 1;
         report.parameters += values.len();
         for (path, layout) in &entry.parts {
             let (v, s) = to_ours(*layout, shape, values);
-            let stack: Vec<String> = path.split('.').map(str::to_owned).collect();
-            snaps.push(TensorSnapshot::from_data(
-                TensorData::new(v, s),
-                stack,
-                Vec::new(),
-                ParamId::new(),
-            ));
+            tensors.push((path.clone(), TensorData::new(v, s)));
         }
+        used.insert(entry.key);
     }
     check_constant(sd, WINDOW_KEY, &hann(cfg.preprocessor.window_size), 1e-6)?;
     let (fb, _) = filterbank(cfg);
     check_constant(sd, FILTERBANK_KEY, &fb, 1e-6)?;
-    let mut model = model;
-    let result = model.apply(snaps, None, None, false);
-    if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
-        // Our own table disagrees with our own model: a bug here, not bad input.
-        return Err(ImportError::Internal(format!(
-            "parameter map and model disagree: errors {:?}, parameters not set {:?}, unknown paths {:?}",
-            result.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-            result.missing.iter().map(|m| &m.0).collect::<Vec<_>>(),
-            result.unused
-        )));
-    }
+    let model = apply_tensors(model, tensors)?;
     let mut unmapped: Vec<String> = Vec::new();
     let mut keys: Vec<&String> = sd.keys().collect();
     keys.sort();
     for key in keys {
-        if used.contains(key.as_str()) || key == WINDOW_KEY || key == FILTERBANK_KEY {
+        if used.contains(key) || key == WINDOW_KEY || key == FILTERBANK_KEY {
             continue;
         }
         if key.ends_with(NUM_BATCHES_TRACKED) {
@@ -459,6 +438,31 @@ pub fn load<B: Backend>(
     }
     report.unmapped = unmapped;
     Ok((model, report))
+}
+
+/// Sets every parameter of `model` from `tensors` (our paths, our layouts). The tensors come
+/// from our own table or our own model, so a path or shape that does not fit is a bug here.
+pub(crate) fn apply_tensors<B: Backend>(
+    mut model: TdtModel<B>,
+    tensors: Vec<(String, TensorData)>,
+) -> Result<TdtModel<B>, ImportError> {
+    let snaps = tensors
+        .into_iter()
+        .map(|(path, data)| {
+            let stack = path.split('.').map(str::to_owned).collect();
+            TensorSnapshot::from_data(data, stack, Vec::new(), ParamId::new())
+        })
+        .collect();
+    let result = model.apply(snaps, None, None, false);
+    if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
+        return Err(ImportError::Internal(format!(
+            "parameter map and model disagree: errors {:?}, parameters not set {:?}, unknown paths {:?}",
+            result.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            result.missing.iter().map(|m| &m.0).collect::<Vec<_>>(),
+            result.unused
+        )));
+    }
+    Ok(model)
 }
 
 fn check_constant(sd: &StateDict, key: &str, ours: &[f32], tol: f32) -> Result<(), ImportError> {

@@ -98,6 +98,7 @@ struct Shared<'a> {
     identity: Vec<CorpusIdentity>,
     val: Option<Corpus>,
     resume: Option<(PathBuf, TrainState)>,
+    init: Option<crate::nemo::InitWeights>,
     plan: EpochPlan,
     epoch_step: u64,
     target: u64,
@@ -150,27 +151,6 @@ where
         (Some(p), true) => Some(open_val(p, vocab, &tokenizer_xxh3)?),
         _ => None,
     };
-    if let Some(init) = &opts.init {
-        let info = crate::nemo::describe(init)?;
-        if info.tokenizer_xxh3 != tokenizer_xxh3 || info.vocab != vocab {
-            return Err(ConfigError::Invalid(format!(
-                "--init {}: its tokenizer (model_xxh3 {}, {} pieces) is not the training set's \
-                 ({tokenizer_xxh3}, {vocab} pieces): compile the corpora with --tokenizer {}",
-                init.display(),
-                info.tokenizer_xxh3,
-                info.vocab,
-                init.display()
-            ))
-            .into());
-        }
-        if info.model != cfg.model {
-            return Err(ConfigError::Invalid(format!(
-                "--init {}: the run's model configuration is not the model's",
-                init.display()
-            ))
-            .into());
-        }
-    }
     let ckpt_dir = checkpoint_dir(&opts.out);
     let resume = match opts.resume.then(|| checkpoint::latest(&ckpt_dir)).flatten() {
         Some(ckpt) => {
@@ -180,6 +160,41 @@ where
         }
         None => None,
     };
+    // The initial weights, read once for every local rank (a resume has its own).
+    let init = match &opts.init {
+        Some(path) if resume.is_none() => {
+            Some(crate::nemo::InitWeights::read(path, opts.allow_unmapped)?)
+        }
+        _ => None,
+    };
+    if let Some(path) = &opts.init {
+        let described;
+        let info = match &init {
+            Some(w) => &w.info,
+            None => {
+                described = crate::nemo::describe(path)?;
+                &described
+            }
+        };
+        if info.tokenizer_xxh3 != tokenizer_xxh3 || info.vocab != vocab {
+            return Err(ConfigError::Invalid(format!(
+                "--init {}: its tokenizer (model_xxh3 {}, {} pieces) is not the training set's \
+                 ({tokenizer_xxh3}, {vocab} pieces): compile the corpora with --tokenizer {}",
+                path.display(),
+                info.tokenizer_xxh3,
+                info.vocab,
+                path.display()
+            ))
+            .into());
+        }
+        if info.model != cfg.model {
+            return Err(ConfigError::Invalid(format!(
+                "--init {}: the run's model configuration is not the model's",
+                path.display()
+            ))
+            .into());
+        }
+    }
     let (durations, languages, mix) = (set.durations(), set.languages(), set.mix());
     let accum = cfg.train.grad_accum;
     let (plan, epoch_step) = match &resume {
@@ -243,6 +258,7 @@ where
         identity,
         val,
         resume,
+        init,
         plan,
         epoch_step,
         target,
@@ -328,13 +344,8 @@ where
     trainer.node_transport = node;
     if let Some((ckpt, state)) = &sh.resume {
         trainer.restore(ckpt, state)?;
-    } else if let Some(init) = &opts.init {
-        let (model, _, _) =
-            crate::nemo::load_init::<B>(init, opts.allow_unmapped, &trainer.device)?;
-        trainer.model = burn::module::Module::load_record(
-            trainer.model.clone(),
-            burn::module::Module::into_record(model),
-        );
+    } else if let Some(init) = &sh.init {
+        trainer.model = init.apply(trainer.model.clone())?;
     }
     let (mut plan, mut epoch_step) = (sh.plan.clone(), sh.epoch_step);
     let mut log = match lead {

@@ -51,9 +51,22 @@ fn ints(st: &SafeTensors, name: &str) -> Vec<usize> {
     tensor(st, name).1.into_iter().map(|x| x as usize).collect()
 }
 
-/// Largest |a - b| over the pairs, and the largest |b|.
-fn max_diff(pairs: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
-    pairs.fold((0.0, 0.0), |(d, s), (a, b)| (d.max((a - b).abs()), s.max(b.abs())))
+/// Largest |ours - theirs| and largest |theirs| over each row `b`'s first `frames[b]` frames:
+/// ours `[B, T, C]`, NeMo's `[B, C, T]` (channels first).
+fn max_diff(ours: &Tensor<B, 3>, theirs: &[f64], frames: &[usize]) -> (f64, f64) {
+    let [_, t, c] = ours.dims();
+    let ours = ours.clone().into_data().to_vec::<f32>().unwrap();
+    let (mut d, mut scale) = (0f64, 0f64);
+    for (b, &n) in frames.iter().enumerate() {
+        for i in 0..n {
+            for j in 0..c {
+                let want = theirs[(b * c + j) * t + i];
+                d = d.max((f64::from(ours[(b * t + i) * c + j]) - want).abs());
+                scale = scale.max(want.abs());
+            }
+        }
+    }
+    (d, scale)
 }
 
 #[test]
@@ -88,13 +101,7 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
     let (fs, nf) = tensor(&st, "features");
     let [_, t, f] = feats.dims();
     assert_eq!(fs, vec![batch, f, t]);
-    let ours = feats.clone().into_data().to_vec::<f32>().unwrap();
-    let (d, scale) = max_diff((0..batch).flat_map(|b| {
-        let (ours, nf) = (&ours, &nf);
-        (0..t).flat_map(move |i| {
-            (0..f).map(move |j| (f64::from(ours[(b * t + i) * f + j]), nf[(b * f + j) * t + i]))
-        })
-    }));
+    let (d, scale) = max_diff(&feats, &nf, &vec![t; batch]);
     eprintln!("features: max |diff| {d:.2e}, max |value| {scale:.2e}");
     assert!(d <= 1e-4 * scale.max(1.0), "features differ by {d}");
 
@@ -104,14 +111,7 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
     let (es, ne) = tensor(&st, "encoder");
     let [_, te, dm] = enc.dims();
     assert_eq!(es, vec![batch, dm, te]);
-    let ours = enc.clone().into_data().to_vec::<f32>().unwrap();
-    let (d, scale) = max_diff((0..batch).flat_map(|b| {
-        let (ours, ne) = (&ours, &ne);
-        (0..enc_lens[b]).flat_map(move |i| {
-            (0..dm)
-                .map(move |j| (f64::from(ours[(b * te + i) * dm + j]), ne[(b * dm + j) * te + i]))
-        })
-    }));
+    let (d, scale) = max_diff(&enc, &ne, &enc_lens);
     eprintln!("encoder: max |diff| {d:.2e}, max |value| {scale:.2e}");
     assert!(d <= 1e-4 * scale.max(1.0), "encoder output differs by {d}");
 
@@ -298,16 +298,33 @@ fn with_state_dict(
     edit(&mut sd);
     let mut ckpt = std::io::Cursor::new(Vec::new());
     torch_file::write_state_dict(&mut ckpt, "model_weights", &sd).unwrap();
-    let archive = asr_nemo::Archive::open(fixture()).unwrap();
-    let mut members: Vec<(String, Vec<u8>)> = archive
+    rewrite(&fixture(), dir, name, vec![(asr_nemo::WEIGHTS_MEMBER, ckpt.into_inner())])
+}
+
+/// Writes `dir/name`: the archive `src` with the members of `replaced` in place of its own.
+fn rewrite(src: &Path, dir: &Path, name: &str, replaced: Vec<(&str, Vec<u8>)>) -> PathBuf {
+    let archive = asr_nemo::Archive::open(src).unwrap();
+    let weights = archive
+        .with_weights(|r| {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).unwrap();
+            v
+        })
+        .unwrap();
+    let mut members: Vec<(&str, Vec<u8>)> = archive
         .member_names()
         .into_iter()
-        .filter(|n| *n != asr_nemo::WEIGHTS_MEMBER)
-        .map(|n| (n.to_owned(), archive.member(n).unwrap().to_vec()))
+        .filter(|n| replaced.iter().all(|(r, _)| r != n))
+        .map(|n| {
+            let bytes = match n {
+                asr_nemo::WEIGHTS_MEMBER => weights.clone(),
+                _ => archive.member(n).unwrap().to_vec(),
+            };
+            (n, bytes)
+        })
         .collect();
-    members.push((asr_nemo::WEIGHTS_MEMBER.into(), ckpt.into_inner()));
-    let refs: Vec<(&str, &[u8])> =
-        members.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+    members.extend(replaced);
+    let refs: Vec<(&str, &[u8])> = members.iter().map(|(n, b)| (*n, b.as_slice())).collect();
     let out = dir.join(name);
     asr_nemo::write_archive(&out, &refs).unwrap();
     out
@@ -411,27 +428,8 @@ fn with_config_of(
     edit: impl FnOnce(String) -> String,
 ) -> PathBuf {
     let archive = asr_nemo::Archive::open(src).unwrap();
-    let mut members: Vec<(String, Vec<u8>)> = archive
-        .member_names()
-        .into_iter()
-        .filter(|n| *n != asr_nemo::WEIGHTS_MEMBER && *n != asr_nemo::CONFIG_MEMBER)
-        .map(|n| (n.to_owned(), archive.member(n).unwrap().to_vec()))
-        .collect();
-    members.push((
-        asr_nemo::CONFIG_MEMBER.into(),
-        edit(archive.config_text().to_owned()).into_bytes(),
-    ));
-    let weights = archive.with_weights(|r| {
-        let mut v = Vec::new();
-        r.read_to_end(&mut v).unwrap();
-        v
-    });
-    members.push((asr_nemo::WEIGHTS_MEMBER.into(), weights.unwrap()));
-    let refs: Vec<(&str, &[u8])> =
-        members.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-    let out = dir.join(name);
-    asr_nemo::write_archive(&out, &refs).unwrap();
-    out
+    let config = edit(archive.config_text().to_owned()).into_bytes();
+    rewrite(src, dir, name, vec![(asr_nemo::CONFIG_MEMBER, config)])
 }
 
 fn asrt(args: &[&std::ffi::OsStr]) -> std::process::Output {
