@@ -5,7 +5,8 @@
 //! The public surface is this page: the command line (`Cli`, [`run_command`]), configuration,
 //! the batch plan and loader, the model, training, checkpoints, evaluation, and the TDT loss
 //! library ([`tdt`]). Everything else is internal and may change without notice.
-// Only `allocator` may use `unsafe` (mimalloc's C option API), and says why at each use.
+// Only `allocator` (mimalloc's C option API) and `tdt::cube` (CubeCL's unchecked kernel launches)
+// may use `unsafe`, and say why at each use.
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]

@@ -41,6 +41,24 @@ pub struct BatchOutput {
 impl BatchInput<'_> {
     /// Checks shapes and lengths against each other and the options.
     pub fn validate(&self, opts: &TdtOptions) -> Result<(), TdtError> {
+        self.validate_problem(opts)?;
+        let block = self.t_max * (self.u_max + 1) * (self.vocab + self.n_dur);
+        if self.logits.len() != self.batch * block {
+            return Err(TdtError::Shape(format!(
+                "logits have {} values, expected {} x {} x {} x {}",
+                self.logits.len(),
+                self.batch,
+                self.t_max,
+                self.u_max + 1,
+                self.vocab + self.n_dur
+            )));
+        }
+        Ok(())
+    }
+
+    /// Everything [`BatchInput::validate`] checks except the logits' length (a device backend
+    /// has them on the device): durations, vocabulary, targets and lengths.
+    pub fn validate_problem(&self, opts: &TdtOptions) -> Result<(), TdtError> {
         let bad = |m: String| Err(TdtError::Shape(m));
         if self.n_dur != opts.durations.len() {
             return bad(format!(
@@ -51,17 +69,6 @@ impl BatchInput<'_> {
         }
         if self.vocab < 2 {
             return bad(format!("vocab {} must include blank and at least one token", self.vocab));
-        }
-        let block = self.t_max * (self.u_max + 1) * (self.vocab + self.n_dur);
-        if self.logits.len() != self.batch * block {
-            return bad(format!(
-                "logits have {} values, expected {} x {} x {} x {}",
-                self.logits.len(),
-                self.batch,
-                self.t_max,
-                self.u_max + 1,
-                self.vocab + self.n_dur
-            ));
         }
         if self.targets.len() != self.batch * self.u_max {
             return bad(format!(

@@ -4,8 +4,9 @@
 //!   float64 (TDT and, for the `omega` branch, standard RNN-T).
 //! - `batch`: a padded batch, parallel over utterances, with NeMo's reductions.
 //! - `op`: the Burn operation: a backend extension whose autodiff backward returns the
-//!   closed-form gradient computed in the forward pass. A CUDA kernel slots in by implementing
-//!   the same extension trait for the CUDA backend.
+//!   closed-form gradient computed in the forward pass.
+//! - `kernels`, `cube`: the same loss as CubeCL kernels (f32 accumulation, f32/f16/bf16 logits)
+//!   and the extension for Burn's CubeCL backends (wgpu, CUDA): the logits stay on the device.
 //! - `greedy`: NeMo's `greedy_batch` (label-looping) TDT decoding over small traits.
 //!
 //! Semantics follow NeMo's TDT loss (lattice, sigma, omega, FastEmit, clamp, reductions) as
@@ -14,8 +15,13 @@
 
 pub mod batch;
 pub mod cpu;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[allow(unsafe_code)]
+pub mod cube;
 pub mod greedy;
 pub mod greedy_burn;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod kernels;
 pub mod op;
 
 use serde::{Deserialize, Serialize};

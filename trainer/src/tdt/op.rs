@@ -2,8 +2,8 @@
 //!
 //! [`TdtBackend`] is the extension point: a backend computes per-utterance costs and, when asked,
 //! their gradients with respect to the logits. The CPU backend does it with the float64 recursions
-//! of `cpu.rs` (parallel over the batch); a CUDA kernel implements the same trait for the CUDA
-//! backend. On `Autodiff<B>` the operation registers a backward step that scales the gradient
+//! of `cpu.rs` (parallel over the batch); Burn's CubeCL backends (wgpu, CUDA) run the kernels of
+//! `kernels.rs` (`cube.rs`). On `Autodiff<B>` the operation registers a backward step that scales the gradient
 //! computed in the forward pass by the incoming gradient of each cost: the closed-form gradient,
 //! never autodiff through the T x U lattice.
 
@@ -81,8 +81,7 @@ fn run_on_host(
 }
 
 /// Host implementation for any backend: copies the logits to the host, runs the CPU
-/// recursions, copies costs and gradients back. A device backend's fallback until its kernel
-/// exists.
+/// recursions, copies costs and gradients back (a backend without a kernel can use it).
 pub fn host_forward<B: Backend>(
     logits: FloatTensor<B>,
     problem: &TdtProblem,
@@ -122,18 +121,6 @@ impl TdtBackend for burn::backend::NdArray {
                 return Ok((costs, grads));
             }
         }
-        host_forward::<Self>(logits, problem, want_grad)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl TdtBackend for burn::backend::Cuda {
-    fn tdt_forward(
-        logits: FloatTensor<Self>,
-        problem: &TdtProblem,
-        want_grad: bool,
-    ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
-        // Host fallback until the CUDA kernel lands: correct, but it copies the logits.
         host_forward::<Self>(logits, problem, want_grad)
     }
 }

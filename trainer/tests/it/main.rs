@@ -11,6 +11,7 @@ mod parity;
 mod plan_cli;
 mod resume;
 mod tdt;
+mod tdt_kernel;
 mod temperature;
 mod training_set;
 

@@ -521,6 +521,8 @@ fn greedy_batch_equals_one_by_one() {
     }
 }
 
+pub(crate) use burn_op::check_backward;
+
 mod burn_op {
     use asr_trainer::tdt::batch::{self, BatchInput};
     use asr_trainer::tdt::op::{tdt_costs, TdtLoss, TdtProblem};
@@ -541,7 +543,7 @@ mod burn_op {
 
     /// The autodiff gradient equals the closed-form gradient times the reduction factor, on any
     /// autodiff backend whose inner backend implements the TDT operation.
-    fn check_backward<B>(device: &B::Device)
+    pub(crate) fn check_backward<B>(device: &B::Device)
     where
         B: burn::tensor::backend::AutodiffBackend + asr_trainer::tdt::op::TdtBackend,
     {
