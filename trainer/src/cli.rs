@@ -151,7 +151,8 @@ pub struct TrainArgs {
     /// train.val_utterances utterances); WER and CER go into the metrics line.
     #[arg(long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub val_corpus: Option<PathBuf>,
-    /// `cpu`, or `cuda:N` (needs a build with --features cuda).
+    /// `cpu`, `cuda:N` (needs a build with --features cuda) or `wgpu` (the default adapter:
+    /// a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
     #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: String,
     /// Data-parallel: one rank per listed device of this process (`cpu,cpu` or
@@ -191,7 +192,8 @@ pub struct EvalArgs {
     /// Print JSON (rates per language, overall, and every utterance's texts).
     #[arg(long)]
     pub json: bool,
-    /// `cpu`, or `cuda:N` (needs a build with --features cuda).
+    /// `cpu`, `cuda:N` (needs a build with --features cuda) or `wgpu` (the default adapter:
+    /// a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
     #[arg(long, default_value = "cpu")]
     pub device: String,
 }

@@ -7,6 +7,8 @@
 //!
 //! - `train-step CORPUS`: optimizer steps of the `tiny` model on the CPU backend; median step
 //!   time and audio-seconds per second.
+//! - `tdt-memory`: peak memory of one TDT loss forward + backward, CPU path or CubeCL kernels
+//!   (wgpu).
 //! - `model-shape`: parameter count of a preset and the time of one forward pass (front end,
 //!   encoder, prediction network, joint) on the CPU backend.
 //!
@@ -73,6 +75,26 @@ enum Bench {
         vocab: usize,
         #[arg(long, default_value_t = 3)]
         repeats: usize,
+    },
+    /// Peak memory of one TDT loss forward + backward (autodiff) over logits of the given
+    /// shape (default: one 90 s utterance of Parakeet-TDT-0.6B: 1125 encoder frames, 300
+    /// tokens, 1024 tokens + blank, 5 durations), beyond the logits themselves: the growth of
+    /// this process's peak resident memory, which on the CPU backend and on wgpu over Mesa's
+    /// software Vulkan (device memory is host memory there) counts the same bytes.
+    TdtMemory {
+        /// `cpu`: the float64 host path (full-size f32 gradient); `wgpu`: the CubeCL kernels
+        /// (lavapipe binds at most 128 MiB per buffer: about 25 s of the 0.6B shape).
+        #[arg(long, default_value = "cpu")]
+        backend: String,
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        #[arg(long, default_value_t = 1125)]
+        frames: usize,
+        #[arg(long, default_value_t = 300)]
+        targets: usize,
+        /// Token classes including blank.
+        #[arg(long, default_value_t = 1025)]
+        vocab: usize,
     },
     /// Optimizer steps of the tiny model on a corpus (CPU backend).
     TrainStep {
@@ -220,6 +242,19 @@ fn main() -> anyhow::Result<()> {
                 "file_mapped_mib": {"after_open": file1, "after_plan": file2},
             })
         }
+        Bench::TdtMemory { backend, batch, frames, targets, vocab } => match backend.as_str() {
+            "cpu" => tdt_memory::<burn::backend::NdArray>(
+                "cpu",
+                &Default::default(),
+                [batch, frames, targets, vocab],
+            )?,
+            "wgpu" => tdt_memory::<burn::backend::Wgpu>(
+                "wgpu",
+                &Default::default(),
+                [batch, frames, targets, vocab],
+            )?,
+            other => anyhow::bail!("--backend {other}: expected cpu or wgpu"),
+        },
         Bench::Tdt { batch, frames, targets, vocab, repeats } => {
             tdt_bench(batch, frames, targets, vocab, repeats)?
         }
@@ -261,6 +296,59 @@ fn main() -> anyhow::Result<()> {
     };
     println!("{out}");
     Ok(())
+}
+
+/// Resets this process's peak resident memory to the current one (Linux `clear_refs` 5).
+fn reset_peak() -> anyhow::Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5").context("resetting the peak RSS")
+}
+
+fn tdt_memory<B: asr_trainer::tdt::op::TdtBackend>(
+    name: &str,
+    device: &B::Device,
+    [b, t, u, v]: [usize; 4],
+) -> anyhow::Result<serde_json::Value> {
+    use asr_trainer::rng::SplitMix64;
+    use asr_trainer::tdt::op::TdtLoss;
+    use asr_trainer::tdt::TdtOptions;
+    use burn::backend::Autodiff;
+    use burn::tensor::{ElementConversion, Tensor, TensorData};
+
+    let options = TdtOptions { omega: 0.0, ..TdtOptions::default() };
+    let d = options.durations.len();
+    let shape = [b, t, u + 1, v + d];
+    let n: usize = shape.iter().product();
+    let mut rng = SplitMix64::new(1);
+    let targets: Vec<u32> = (0..b * u).map(|_| rng.below(v as u64 - 1) as u32).collect();
+    let x = {
+        let logits: Vec<f32> = (0..n).map(|_| (rng.next_f64() * 6.0 - 3.0) as f32).collect();
+        Tensor::<Autodiff<B>, 4>::from_data(TensorData::new(logits, shape), device)
+    }
+    .require_grad();
+    B::sync(device).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let logits_mib = (n * 4) as f64 / 1048576.0;
+    let (rss0, _, _, _) = memory();
+    reset_peak()?;
+    let s = Instant::now();
+    let mut loss = TdtLoss::new(options, 0)?;
+    // The loss gets an intermediate, as the joint's output is in training (only the loss holds
+    // it), not the leaf this function keeps for reading its gradient.
+    let z = x.clone().mul_scalar(1.0);
+    let out = loss.forward(z, &targets, &vec![t; b], &vec![u; b])?;
+    let grads = out.loss.backward();
+    let g = x.grad(&grads).context("no gradient")?;
+    // Reading one value waits for the device.
+    let probe: f32 = g.clone().slice([0..1, 0..1, 0..1, 0..1]).into_scalar().elem();
+    // A device that failed (an allocation over its limit) says so here, not in the figures.
+    B::sync(device).map_err(|e| anyhow::anyhow!("the device failed: {e:?}"))?;
+    let seconds = s.elapsed().as_secs_f64();
+    let (_, _, _, peak) = memory();
+    Ok(json!({
+        "bench": "tdt-memory", "backend": name, "shape": shape, "logits_mib": logits_mib,
+        "rss_before_mib": rss0, "peak_rss_mib": peak,
+        "peak_growth_mib": peak - rss0, "peak_growth_over_logits": (peak - rss0) / logits_mib,
+        "seconds": seconds, "gradient_probe": probe,
+    }))
 }
 
 fn tdt_bench(

@@ -65,6 +65,16 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
         ),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => unreachable!("parse_device refuses cuda:N in a build without cuda"),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => crate::eval::evaluate_checkpoint::<burn::backend::Wgpu>(
+            &ckpt,
+            &corpus,
+            limit,
+            batch,
+            &burn::backend::wgpu::WgpuDevice::DefaultDevice,
+        ),
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => unreachable!("parse_device refuses wgpu in a build without wgpu"),
     }
     .with_context(|| format!("evaluating on {}", args.corpus.display()))?;
     if args.json {

@@ -12,6 +12,10 @@ pub(crate) enum Device {
     Cpu,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda(usize),
+    /// wgpu's default adapter (a GPU through Vulkan, Metal or DX12; Mesa's software Vulkan
+    /// driver without one).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    Wgpu,
 }
 
 pub(crate) fn parse_device(s: &str) -> anyhow::Result<Device> {
@@ -24,5 +28,11 @@ pub(crate) fn parse_device(s: &str) -> anyhow::Result<Device> {
         }
         bail!("--device {s}: this asrt was built without CUDA (cargo build --features cuda)");
     }
-    bail!("--device {s}: expected cpu or cuda:N")
+    if s == "wgpu" {
+        if cfg!(feature = "wgpu") {
+            return Ok(Device::Wgpu);
+        }
+        bail!("--device {s}: this asrt was built without wgpu (cargo build --features wgpu)");
+    }
+    bail!("--device {s}: expected cpu, cuda:N or wgpu")
 }

@@ -55,7 +55,7 @@ fn run_cuda(
         .iter()
         .map(|d| match d {
             Device::Cuda(n) => Ok(burn::backend::cuda::CudaDevice::new(*n)),
-            Device::Cpu => Err(anyhow::anyhow!("CUDA devices expected")),
+            Device::Cpu | Device::Wgpu => Err(anyhow::anyhow!("CUDA devices expected")),
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(crate::train::run::run_ranks::<burn::backend::Autodiff<burn::backend::Cuda>>(
@@ -72,6 +72,32 @@ fn run_cuda(
     _on_step: &mut dyn FnMut(&StepMetrics, u64),
 ) -> anyhow::Result<crate::train::run::RunSummary> {
     anyhow::bail!("this asrt was built without CUDA (parse_device refuses cuda:N)")
+}
+
+/// wgpu's default adapter, once per rank (`--devices wgpu,wgpu` runs two ranks on it).
+#[cfg(feature = "wgpu")]
+fn run_wgpu(
+    cfg: TrainConfig,
+    opts: &RunOptions,
+    ranks: usize,
+    processes: Option<ProcessGroup>,
+    on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> anyhow::Result<crate::train::run::RunSummary> {
+    let devices = vec![burn::backend::wgpu::WgpuDevice::DefaultDevice; ranks];
+    Ok(crate::train::run::run_ranks::<burn::backend::Autodiff<burn::backend::Wgpu>>(
+        cfg, opts, devices, processes, on_step,
+    )?)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn run_wgpu(
+    _cfg: TrainConfig,
+    _opts: &RunOptions,
+    _ranks: usize,
+    _processes: Option<ProcessGroup>,
+    _on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> anyhow::Result<crate::train::run::RunSummary> {
+    anyhow::bail!("this asrt was built without wgpu (parse_device refuses wgpu)")
 }
 
 /// The process group the environment describes: `RANK` and `WORLD_SIZE` (torchrun and similar
@@ -161,17 +187,23 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         None => vec![parse_device(&args.device)?],
     };
     let processes = process_group(&|k| std::env::var(k).ok())?;
-    let cpus = devices.iter().filter(|d| matches!(d, Device::Cpu)).count();
+    let kind = |d: &Device| match d {
+        Device::Cpu => 0,
+        Device::Cuda(_) => 1,
+        Device::Wgpu => 2,
+    };
     anyhow::ensure!(
-        cpus == 0 || cpus == devices.len(),
-        "--devices {}: one kind of device per run (all cpu, or all cuda:N)",
+        devices.iter().all(|d| kind(d) == kind(&devices[0])),
+        "--devices {}: one kind of device per run (all cpu, all cuda:N or all wgpu)",
         args.devices.as_deref().unwrap_or_default()
     );
     let process = processes.as_ref().map_or(0, |p| p.rank);
-    let summary = if cpus > 0 {
-        crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
-    } else {
-        run_cuda(cfg, &opts, &devices, processes, &mut on_step)?
+    let summary = match devices[0] {
+        Device::Cpu => {
+            crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
+        }
+        Device::Cuda(_) => run_cuda(cfg, &opts, &devices, processes, &mut on_step)?,
+        Device::Wgpu => run_wgpu(cfg, &opts, devices.len(), processes, &mut on_step)?,
     };
     if let Some(bar) = &bar {
         bar.finish_and_clear();

@@ -71,7 +71,13 @@ impl<B: Backend> Subsampling<B> {
         };
         let mut x = stage(relu(self.first.forward(x.unsqueeze_dim(3))), &mut lens);
         for (dw, pw) in self.depthwise.iter().zip(&self.pointwise) {
-            x = stage(relu(pw.forward(dw.forward(x))), &mut lens);
+            // The pointwise projection as a rank-2 Linear: on Burn 0.21's CubeCL backends (wgpu,
+            // CUDA) this rank-4 Linear got a wrong bias gradient (its weight gradient and the
+            // CPU backend's were right); as rank 2 both backends agree (wgpu_training test).
+            let y = dw.forward(x);
+            let [b, t, f, c] = y.dims();
+            let y = pw.forward(y.reshape([b * t * f, c])).reshape([b, t, f, c]);
+            x = stage(relu(y), &mut lens);
         }
         let [b, t, f, c] = x.dims();
         self.out.forward(x.swap_dims(2, 3).reshape([b, t, c * f]))

@@ -102,6 +102,10 @@ impl HostSum for NcclGroup {
 
 impl DeviceAllReduce for burn::backend::NdArray {}
 
+/// wgpu ranks sum through the host collective.
+#[cfg(feature = "wgpu")]
+impl DeviceAllReduce for burn::backend::Wgpu {}
+
 #[cfg(feature = "cuda")]
 impl DeviceAllReduce for burn::backend::Cuda {
     const DEVICE_ALL_REDUCE: bool = true;

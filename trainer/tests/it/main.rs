@@ -14,6 +14,7 @@ mod tdt;
 mod tdt_kernel;
 mod temperature;
 mod training_set;
+mod wgpu_training;
 
 /// Durations and languages as the benchmarks use them.
 pub fn synthetic(n: usize, n_langs: u16, seed: u64, median: f64) -> (Vec<f64>, Vec<u16>) {

@@ -21,7 +21,7 @@ use burn::prelude::*;
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 
 /// A corpus of short synthetic utterances (0.25-1.5 s) over a small vocabulary.
-fn corpus(dir: &Path, n: u64) -> PathBuf {
+pub(crate) fn corpus(dir: &Path, n: u64) -> PathBuf {
     let spec = SynthSpec {
         min_samples: 4_000,
         max_samples: 24_000,
