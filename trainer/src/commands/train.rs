@@ -187,13 +187,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
         None => vec![parse_device(&args.device)?],
     };
     let processes = process_group(&|k| std::env::var(k).ok())?;
-    let kind = |d: &Device| match d {
-        Device::Cpu => 0,
-        Device::Cuda(_) => 1,
-        Device::Wgpu => 2,
-    };
+    let kind = std::mem::discriminant(&devices[0]);
     anyhow::ensure!(
-        devices.iter().all(|d| kind(d) == kind(&devices[0])),
+        devices.iter().all(|d| std::mem::discriminant(d) == kind),
         "--devices {}: one kind of device per run (all cpu, all cuda:N or all wgpu)",
         args.devices.as_deref().unwrap_or_default()
     );
