@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::cpu::{rnnt_utterance, tdt_utterance, Dims};
+use super::cpu::{rnnt_in_place, rnnt_utterance, tdt_in_place, tdt_utterance, Dims};
 use super::{Reduction, TdtError, TdtOptions};
 
 /// A padded batch, row-major.
@@ -42,7 +42,7 @@ impl BatchInput<'_> {
     /// Checks shapes and lengths against each other and the options.
     pub fn validate(&self, opts: &TdtOptions) -> Result<(), TdtError> {
         self.validate_problem(opts)?;
-        let block = self.t_max * (self.u_max + 1) * (self.vocab + self.n_dur);
+        let block = self.block();
         if self.logits.len() != self.batch * block {
             return Err(TdtError::Shape(format!(
                 "logits have {} values, expected {} x {} x {} x {}",
@@ -112,41 +112,84 @@ pub fn loss(
 ) -> Result<BatchOutput, TdtError> {
     opts.validate()?;
     input.validate(opts)?;
-    let block = input.t_max * (input.u_max + 1) * (input.vocab + input.n_dur);
-    let one = |b: usize, grad: Option<&mut [f32]>| {
-        let dims = Dims {
-            t_max: input.t_max,
-            u_max: input.u_max,
-            vocab: input.vocab,
-            n_dur: input.n_dur,
-            t: input.frame_lens[b],
-            u: input.target_lens[b],
-        };
-        let logits = &input.logits[b * block..(b + 1) * block];
-        let targets = &input.targets[b * input.u_max..b * input.u_max + dims.u];
-        let cost = if rnnt {
-            rnnt_utterance(logits, &dims, targets, grad)
-        } else {
-            tdt_utterance(logits, &dims, targets, opts, grad)
-        };
-        if opts.zero_infinity && !cost.is_finite() {
-            0.0
-        } else {
-            cost
-        }
-    };
-    if !want_grad {
-        let costs = (0..input.batch).into_par_iter().map(|b| one(b, None)).collect();
-        return Ok(BatchOutput { costs, grads: None });
+    if want_grad {
+        let mut grads = input.logits.to_vec();
+        let costs = loss_in_place(&mut grads, input, opts, rnnt)?;
+        return Ok(BatchOutput { costs, grads: Some(grads) });
     }
-    let mut grads = vec![0f32; input.logits.len()];
-    let costs = grads
+    let block = input.block();
+    let costs = (0..input.batch)
+        .into_par_iter()
+        .map(|b| {
+            let (dims, targets) = input.utterance(b);
+            let logits = &input.logits[b * block..(b + 1) * block];
+            let cost = if rnnt {
+                rnnt_utterance(logits, &dims, targets, None)
+            } else {
+                tdt_utterance(logits, &dims, targets, opts, None)
+            };
+            finite_or_zero(cost, opts)
+        })
+        .collect();
+    Ok(BatchOutput { costs, grads: None })
+}
+
+/// Every utterance's cost, with each utterance's gradient written over its logits in `logits`
+/// (the layout of `input`, whose own `logits` field is not read). The batch's only large
+/// buffer is the caller's. Parallel over utterances.
+pub fn loss_in_place(
+    logits: &mut [f32],
+    input: &BatchInput<'_>,
+    opts: &TdtOptions,
+    rnnt: bool,
+) -> Result<Vec<f64>, TdtError> {
+    opts.validate()?;
+    BatchInput { logits, ..*input }.validate(opts)?;
+    let block = input.block();
+    Ok(logits
         .par_chunks_mut(block.max(1))
         .enumerate()
-        // An impossible utterance leaves its gradient at zero, so zero_infinity needs no more.
-        .map(|(b, g)| one(b, Some(g)))
-        .collect();
-    Ok(BatchOutput { costs, grads: Some(grads) })
+        .map(|(b, g)| {
+            let (dims, targets) = input.utterance(b);
+            let cost = if rnnt {
+                rnnt_in_place(g, &dims, targets)
+            } else {
+                tdt_in_place(g, &dims, targets, opts)
+            };
+            // An impossible utterance leaves its gradient at zero, so zero_infinity needs no
+            // more.
+            finite_or_zero(cost, opts)
+        })
+        .collect())
+}
+
+fn finite_or_zero(cost: f64, opts: &TdtOptions) -> f64 {
+    if opts.zero_infinity && !cost.is_finite() {
+        0.0
+    } else {
+        cost
+    }
+}
+
+impl BatchInput<'_> {
+    /// Values per utterance.
+    fn block(&self) -> usize {
+        self.t_max * (self.u_max + 1) * (self.vocab + self.n_dur)
+    }
+
+    /// Utterance `b`'s dimensions and valid targets.
+    fn utterance(&self, b: usize) -> (Dims, &[u32]) {
+        let dims = Dims {
+            t_max: self.t_max,
+            u_max: self.u_max,
+            vocab: self.vocab,
+            n_dur: self.n_dur,
+            t: self.frame_lens[b],
+            u: self.target_lens[b],
+        };
+        let targets = &self.targets[b * self.u_max..b * self.u_max + dims.u];
+        (dims, targets)
+    }
 }
 
 /// Each utterance's factor in the batch loss (`loss = sum_b factor_b * cost_b`), so the

@@ -120,15 +120,37 @@ pub fn tdt_utterance(
     opts: &TdtOptions,
     grad: Option<&mut [f32]>,
 ) -> f64 {
-    let (t_n, u_n, v, nd) = (dims.t, dims.u, dims.vocab, dims.n_dur);
+    match grad {
+        None => -tdt_forward(logits, dims, targets, opts).log_p * (1.0 + opts.fastemit_lambda),
+        Some(grad) => {
+            grad.copy_from_slice(&logits[..grad.len()]);
+            tdt_in_place(grad, dims, targets, opts)
+        }
+    }
+}
+
+/// What the forward recursion leaves for the backward one.
+struct Forward {
+    p: NodeProbs,
+    alpha: Vec<f64>,
+    log_p: f64,
+}
+
+/// Arc weight of leaving node `n` with the blank (`label: false`) or the next target, and
+/// duration `i`.
+#[inline]
+fn arc(p: &NodeProbs, nd: usize, sigma: f64, n: usize, label: bool, i: usize) -> f64 {
+    (if label { p.label[n] } else { p.blank[n] }) - sigma + p.dur[n * nd + i]
+}
+
+/// Node log-probabilities, alphas and `log P(y|x)` of one utterance.
+fn tdt_forward(logits: &[f32], dims: &Dims, targets: &[u32], opts: &TdtOptions) -> Forward {
+    let (t_n, u_n, nd) = (dims.t, dims.u, dims.n_dur);
     let durs = &opts.durations;
     let sigma = opts.sigma;
     let p = node_probs(logits, dims, targets, true);
     let node = |t: usize, u: usize| t * (u_n + 1) + u;
-    let wb =
-        |t: usize, u: usize, i: usize| p.blank[node(t, u)] - sigma + p.dur[node(t, u) * nd + i];
-    let wl =
-        |t: usize, u: usize, i: usize| p.label[node(t, u)] - sigma + p.dur[node(t, u) * nd + i];
+    let w = |t: usize, u: usize, label: bool, i: usize| arc(&p, nd, sigma, node(t, u), label, i);
 
     let mut alpha = vec![NEG_INF; t_n * (u_n + 1)];
     alpha[0] = 0.0;
@@ -143,10 +165,10 @@ pub fn tdt_utterance(
                     continue;
                 }
                 if d > 0 {
-                    a = lae(a, alpha[node(t - d, u)] + wb(t - d, u, i));
+                    a = lae(a, alpha[node(t - d, u)] + w(t - d, u, false, i));
                 }
                 if u > 0 {
-                    a = lae(a, alpha[node(t - d, u - 1)] + wl(t - d, u - 1, i));
+                    a = lae(a, alpha[node(t - d, u - 1)] + w(t - d, u - 1, true, i));
                 }
             }
             alpha[node(t, u)] = a;
@@ -155,15 +177,26 @@ pub fn tdt_utterance(
     let mut log_p = NEG_INF;
     for (i, &d) in durs.iter().enumerate() {
         if d > 0 && d <= t_n {
-            log_p = lae(log_p, alpha[node(t_n - d, u_n)] + wb(t_n - d, u_n, i));
+            log_p = lae(log_p, alpha[node(t_n - d, u_n)] + w(t_n - d, u_n, false, i));
         }
     }
+    Forward { p, alpha, log_p }
+}
 
-    let Some(grad) = grad else {
-        return -log_p * (1.0 + opts.fastemit_lambda);
-    };
-    grad.fill(0.0);
+/// [`tdt_utterance`] with the gradient written over the logits: `block` holds one utterance's
+/// logits on entry and `d cost / d logits` on return (zero on padding and on nodes no
+/// alignment visits). Each node's gradient row depends only on that node's own logits and on
+/// per-node quantities computed before any row is written, so no second block-sized buffer
+/// is needed: this is what lets the loss run with the logits as its only large buffer.
+pub fn tdt_in_place(block: &mut [f32], dims: &Dims, targets: &[u32], opts: &TdtOptions) -> f64 {
+    let (t_n, u_n, v, nd) = (dims.t, dims.u, dims.vocab, dims.n_dur);
+    let durs = &opts.durations;
+    let sigma = opts.sigma;
+    let Forward { p, alpha, log_p } = tdt_forward(block, dims, targets, opts);
+    let node = |t: usize, u: usize| t * (u_n + 1) + u;
+    let w = |t: usize, u: usize, label: bool, i: usize| arc(&p, nd, sigma, node(t, u), label, i);
     if log_p == NEG_INF {
+        block.fill(0.0);
         return f64::INFINITY;
     }
 
@@ -174,13 +207,13 @@ pub fn tdt_utterance(
             for (i, &d) in durs.iter().enumerate() {
                 if d > 0 {
                     if t + d < t_n {
-                        b = lae(b, wb(t, u, i) + beta[node(t + d, u)]);
+                        b = lae(b, w(t, u, false, i) + beta[node(t + d, u)]);
                     } else if t + d == t_n && u == u_n {
-                        b = lae(b, wb(t, u, i));
+                        b = lae(b, w(t, u, false, i));
                     }
                 }
                 if u < u_n && t + d < t_n {
-                    b = lae(b, wl(t, u, i) + beta[node(t + d, u + 1)]);
+                    b = lae(b, w(t, u, true, i) + beta[node(t + d, u + 1)]);
                 }
             }
             beta[node(t, u)] = b;
@@ -190,42 +223,46 @@ pub fn tdt_utterance(
     let lambda = opts.fastemit_lambda;
     let mut occ_b = vec![0.0f64; nd];
     let mut occ_l = vec![0.0f64; nd];
-    for t in 0..t_n {
-        for u in 0..=u_n {
+    for t in 0..dims.t_max {
+        for u in 0..=dims.u_max {
+            let at = dims.at(t, u);
+            let row = &mut block[at..at + dims.width()];
+            if t >= t_n || u > u_n {
+                row.fill(0.0);
+                continue;
+            }
             let n = node(t, u);
             let a = alpha[n];
             let gamma = (a + beta[n] - log_p).exp();
             if a == NEG_INF || gamma == 0.0 {
-                // Unreachable node or one that cannot complete: the row stays zero except for
-                // terms that are themselves zero.
+                // Unreachable node or one that cannot complete: every term of its row is zero.
+                row.fill(0.0);
                 continue;
             }
             for (i, &d) in durs.iter().enumerate() {
                 occ_b[i] = if d == 0 {
                     0.0
                 } else if t + d < t_n {
-                    (a + wb(t, u, i) + beta[node(t + d, u)] - log_p).exp()
+                    (a + w(t, u, false, i) + beta[node(t + d, u)] - log_p).exp()
                 } else if t + d == t_n && u == u_n {
-                    (a + wb(t, u, i) - log_p).exp()
+                    (a + w(t, u, false, i) - log_p).exp()
                 } else {
                     0.0
                 };
                 occ_l[i] = if u < u_n && t + d < t_n {
-                    (a + wl(t, u, i) + beta[node(t + d, u + 1)] - log_p).exp()
+                    (a + w(t, u, true, i) + beta[node(t + d, u + 1)] - log_p).exp()
                 } else {
                     0.0
                 };
             }
             let sum_b: f64 = occ_b.iter().sum();
             let e: f64 = occ_l.iter().sum();
-            let at = dims.at(t, u);
-            let row = &mut grad[at..at + dims.width()];
-            let z = &logits[at..at + dims.width()];
             let lt = p.lse_tok[n];
-            // p_v * (gamma + lambda * E) for every token, then the blank and target terms.
+            // p_v * (gamma + lambda * E) for every token (each entry read, then overwritten),
+            // then the blank and target terms.
             let scale = gamma + if u < u_n { lambda * e } else { 0.0 };
-            for (g, &zv) in row[..v].iter_mut().zip(&z[..v]) {
-                *g = ((f64::from(zv) - lt).exp() * scale) as f32;
+            for g in &mut row[..v] {
+                *g = ((f64::from(*g) - lt).exp() * scale) as f32;
             }
             row[v - 1] = (f64::from(row[v - 1]) - sum_b) as f32;
             if u < u_n {
@@ -240,7 +277,7 @@ pub fn tdt_utterance(
             }
             let ld = p.lse_dur[n];
             for (j, g) in row[v..].iter_mut().enumerate() {
-                let q = (f64::from(z[v + j]) - ld).exp();
+                let q = (f64::from(*g) - ld).exp();
                 *g = (q * gamma - (occ_b[j] + occ_l[j])) as f32;
             }
         }
@@ -257,7 +294,18 @@ pub fn rnnt_utterance(
     targets: &[u32],
     grad: Option<&mut [f32]>,
 ) -> f64 {
-    let (t_n, u_n, v) = (dims.t, dims.u, dims.vocab);
+    match grad {
+        None => -rnnt_forward(logits, dims, targets).log_p,
+        Some(grad) => {
+            grad.copy_from_slice(&logits[..grad.len()]);
+            rnnt_in_place(grad, dims, targets)
+        }
+    }
+}
+
+/// Node log-probabilities, alphas and `log P(y|x)` of the RNN-T lattice.
+fn rnnt_forward(logits: &[f32], dims: &Dims, targets: &[u32]) -> Forward {
+    let (t_n, u_n) = (dims.t, dims.u);
     let p = node_probs(logits, dims, targets, false);
     let node = |t: usize, u: usize| t * (u_n + 1) + u;
     let mut alpha = vec![NEG_INF; t_n * (u_n + 1)];
@@ -275,13 +323,18 @@ pub fn rnnt_utterance(
         }
     }
     let log_p = alpha[node(t_n - 1, u_n)] + p.blank[node(t_n - 1, u_n)];
-    let Some(grad) = grad else {
-        return -log_p;
-    };
-    grad.fill(0.0);
+    Forward { p, alpha, log_p }
+}
+
+/// [`rnnt_utterance`] with the gradient written over the logits (see [`tdt_in_place`]).
+pub fn rnnt_in_place(block: &mut [f32], dims: &Dims, targets: &[u32]) -> f64 {
+    let (t_n, u_n, v) = (dims.t, dims.u, dims.vocab);
+    let Forward { p, alpha, log_p } = rnnt_forward(block, dims, targets);
     if log_p == NEG_INF {
+        block.fill(0.0);
         return f64::INFINITY;
     }
+    let node = |t: usize, u: usize| t * (u_n + 1) + u;
     let mut beta = vec![NEG_INF; t_n * (u_n + 1)];
     for t in (0..t_n).rev() {
         for u in (0..=u_n).rev() {
@@ -296,19 +349,26 @@ pub fn rnnt_utterance(
             };
         }
     }
-    for t in 0..t_n {
-        for u in 0..=u_n {
+    for t in 0..dims.t_max {
+        for u in 0..=dims.u_max {
+            let at = dims.at(t, u);
+            let full = &mut block[at..at + dims.width()];
+            // Duration logits, if any, take no part in the RNN-T branch.
+            full[v..].fill(0.0);
+            let row = &mut full[..v];
+            if t >= t_n || u > u_n {
+                row.fill(0.0);
+                continue;
+            }
             let n = node(t, u);
             let a = alpha[n];
             let gamma = (a + beta[n] - log_p).exp();
             if a == NEG_INF || gamma == 0.0 {
+                row.fill(0.0);
                 continue;
             }
-            let at = dims.at(t, u);
-            let row = &mut grad[at..at + v];
-            let z = &logits[at..at + v];
-            for (g, &zv) in row.iter_mut().zip(z) {
-                *g = ((f64::from(zv) - p.lse_tok[n]).exp() * gamma) as f32;
+            for g in row.iter_mut() {
+                *g = ((f64::from(*g) - p.lse_tok[n]).exp() * gamma) as f32;
             }
             let blank_occ = if t == t_n - 1 && u == u_n {
                 (a + p.blank[n] - log_p).exp()

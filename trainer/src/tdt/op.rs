@@ -50,14 +50,12 @@ pub trait TdtBackend: Backend {
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError>;
 }
 
-/// Runs the CPU recursions over host logits of shape `[batch, t_max, u_max + 1, width]`:
-/// per-utterance costs and, with `want_grad`, gradients in the logits' layout.
-fn run_on_host(
-    logits: &[f32],
+/// The problem's batch layout for logits of shape `[batch, t_max, u_max + 1, width]`.
+fn batch_input<'a>(
+    logits: &'a [f32],
     [b, t_max, u1, width]: [usize; 4],
-    problem: &TdtProblem,
-    want_grad: bool,
-) -> Result<(Vec<f32>, Option<Vec<f32>>), TdtError> {
+    problem: &'a TdtProblem,
+) -> Result<BatchInput<'a>, TdtError> {
     let n_dur = problem.options.durations.len();
     if u1 != problem.u_max + 1 || width <= n_dur {
         return Err(TdtError::Shape(format!(
@@ -65,7 +63,7 @@ fn run_on_host(
             problem.u_max
         )));
     }
-    let input = BatchInput {
+    Ok(BatchInput {
         logits,
         batch: b,
         t_max,
@@ -75,9 +73,31 @@ fn run_on_host(
         targets: &problem.targets,
         frame_lens: &problem.frame_lens,
         target_lens: &problem.target_lens,
-    };
+    })
+}
+
+/// Runs the CPU recursions over host logits of shape `[batch, t_max, u_max + 1, width]`:
+/// per-utterance costs and, with `want_grad`, gradients in the logits' layout.
+fn run_on_host(
+    logits: &[f32],
+    dims: [usize; 4],
+    problem: &TdtProblem,
+    want_grad: bool,
+) -> Result<(Vec<f32>, Option<Vec<f32>>), TdtError> {
+    let input = batch_input(logits, dims, problem)?;
     let out = batch::loss(&input, &problem.options, problem.rnnt, want_grad)?;
     Ok((out.costs.iter().map(|&c| c as f32).collect(), out.grads))
+}
+
+/// [`run_on_host`] with the gradients written over `logits`.
+fn run_in_place(
+    logits: &mut [f32],
+    dims: [usize; 4],
+    problem: &TdtProblem,
+) -> Result<Vec<f32>, TdtError> {
+    let input = batch_input(&[], dims, problem)?;
+    let costs = batch::loss_in_place(logits, &input, &problem.options, problem.rnnt)?;
+    Ok(costs.iter().map(|&c| c as f32).collect())
 }
 
 /// Host implementation for any backend: copies the logits to the host, runs the CPU
@@ -102,8 +122,10 @@ pub fn host_forward<B: Backend>(
 }
 
 impl TdtBackend for burn::backend::NdArray {
-    /// Reads the logits in place when they are contiguous f32 (no copy), and hands the
-    /// gradient buffer over without copying it either.
+    /// Writes the gradient over the logits when they are contiguous f32 that nothing else holds
+    /// (the usual case: the joint's backward keeps its input, not its output), so the loss
+    /// allocates no logits-sized buffer; otherwise reads them in place and allocates the
+    /// gradient.
     fn tdt_forward(
         logits: FloatTensor<Self>,
         problem: &TdtProblem,
@@ -111,9 +133,20 @@ impl TdtBackend for burn::backend::NdArray {
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
         use burn::backend::ndarray::NdArrayTensor;
         use burn::tensor::TensorMetadata;
-        let shape = logits.shape().dims::<4>();
+        let dims = logits.shape().dims::<4>();
+        let logits = match logits {
+            NdArrayTensor::F32(storage) if want_grad && storage.is_unique() => {
+                let mut array = storage.into_owned();
+                if let Some(slice) = array.as_slice_mut() {
+                    let costs = run_in_place(slice, dims, problem)?;
+                    let costs = NdArrayTensor::from_data(TensorData::new(costs, [dims[0]]));
+                    return Ok((costs, Some(NdArrayTensor::F32(array.into()))));
+                }
+                NdArrayTensor::F32(array.into())
+            }
+            other => other,
+        };
         if let NdArrayTensor::F32(storage) = &logits {
-            let dims = shape;
             if let Some(slice) = storage.view().as_slice() {
                 let (costs, grads) = run_on_host(slice, dims, problem, want_grad)?;
                 let costs = NdArrayTensor::from_data(TensorData::new(costs, [dims[0]]));

@@ -586,6 +586,94 @@ mod burn_op {
         check_backward::<Ad>(&Default::default());
     }
 
+    /// On the CPU backend a gradient asked of logits nothing else holds is written over them
+    /// (no second logits-sized buffer) and equals the out-of-place gradient exactly; logits
+    /// still held elsewhere are left as they were.
+    #[test]
+    fn cpu_gradient_is_written_over_unshared_logits() {
+        use asr_trainer::tdt::op::TdtBackend;
+        use burn::backend::ndarray::NdArrayTensor;
+        use burn::tensor::TensorPrimitive;
+
+        let (logits, targets, frames, lens) = case();
+        let options = TdtOptions { omega: 0.0, ..TdtOptions::default() };
+        let problem = TdtProblem {
+            targets: targets.clone(),
+            u_max: 3,
+            frame_lens: frames.to_vec(),
+            target_lens: lens.to_vec(),
+            options: options.clone(),
+            rnnt: false,
+        };
+        let input = BatchInput {
+            logits: &logits,
+            batch: 3,
+            t_max: 5,
+            u_max: 3,
+            vocab: 6,
+            n_dur: 5,
+            targets: &targets,
+            frame_lens: &frames,
+            target_lens: &lens,
+        };
+        let direct = batch::loss(&input, &options, false, true).unwrap();
+        let address = |t: &NdArrayTensor| match t {
+            NdArrayTensor::F32(s) => s.view().as_ptr() as usize,
+            _ => panic!("expected f32"),
+        };
+        let tensor = |data: &[f32]| {
+            let t = Tensor::<NdArray, 4>::from_data(
+                TensorData::new(data.to_vec(), [3, 5, 4, 11]),
+                &Default::default(),
+            );
+            match t.into_primitive() {
+                TensorPrimitive::Float(p) => p,
+                TensorPrimitive::QFloat(_) => unreachable!(),
+            }
+        };
+        for rnnt in [false, true] {
+            let problem = TdtProblem { rnnt, ..problem.clone() };
+            let direct = if rnnt {
+                batch::loss(&input, &options, true, true).unwrap()
+            } else {
+                direct.clone()
+            };
+            let unshared = tensor(&logits);
+            let at = address(&unshared);
+            let (costs, grad) = NdArray::tdt_forward(unshared, &problem, true).unwrap();
+            let grad = grad.unwrap();
+            assert_eq!(address(&grad), at, "rnnt {rnnt}: the gradient was not written in place");
+            let to_vec = |t: NdArrayTensor| {
+                Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(t))
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap()
+            };
+            let g = Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(grad))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(g, direct.grads.clone().unwrap(), "rnnt {rnnt}");
+            let want: Vec<f32> = direct.costs.iter().map(|&c| c as f32).collect();
+            assert_eq!(to_vec(costs), want, "rnnt {rnnt}");
+
+            // Shared logits: the other holder still reads the logits afterwards.
+            let shared = tensor(&logits);
+            let keep = shared.clone();
+            let (_, grad) = NdArray::tdt_forward(shared, &problem, true).unwrap();
+            let g = Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(grad.unwrap()))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(g, direct.grads.clone().unwrap());
+            let kept = Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(keep))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(kept, logits);
+        }
+    }
+
     /// The same check on a GPU: run by hand on a machine with CUDA
     /// (`cargo test -p asr-trainer --features cuda -- --ignored cuda`).
     #[cfg(feature = "cuda")]
