@@ -157,6 +157,12 @@ pub struct LoopConfig {
     pub seed: u64,
     /// Background batch-assembly threads.
     pub loader_workers: usize,
+    /// Utterances per joint call (NeMo's `joint.fused_batch_size`; 0: the whole micro-batch at
+    /// once). With `k`, the joint and loss run on `k` utterances at a time, each part cropped to
+    /// its own longest lengths and its backward run at once, so at most one part's joint output
+    /// is alive: the step's largest tensor shrinks about `batch / k` times for the same
+    /// gradient.
+    pub fused_batch_size: usize,
     /// Data-parallel runs: how long a rank waits for the others at a step (or to connect) before
     /// stopping with the name of the missing rank (covers validation, which rank 0 runs alone).
     pub collective_timeout_seconds: f64,
@@ -174,6 +180,7 @@ impl Default for LoopConfig {
             val_utterances: 200,
             seed: 0,
             loader_workers: 2,
+            fused_batch_size: 0,
             collective_timeout_seconds: 600.0,
         }
     }

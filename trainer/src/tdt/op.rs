@@ -251,6 +251,13 @@ impl TdtLoss {
         r.next_f64() < self.options.omega
     }
 
+    /// Draws the branch of the next call (see [`TdtLoss::rnnt_branch`]) and counts the call.
+    pub fn next_branch(&mut self) -> bool {
+        let rnnt = self.rnnt_branch(self.calls);
+        self.calls += 1;
+        rnnt
+    }
+
     /// Computes the loss of a batch. `targets` is `[batch, u_max]` row-major.
     pub fn forward<B: TdtBackend>(
         &mut self,
@@ -259,10 +266,34 @@ impl TdtLoss {
         frame_lens: &[usize],
         target_lens: &[usize],
     ) -> Result<LossOutput<B>, TdtError> {
+        let rnnt = self.next_branch();
+        let factors = batch::reduction_factors(target_lens, self.options.reduction);
+        let (loss, costs) = self.part(logits, targets, frame_lens, target_lens, &factors, rnnt)?;
+        Ok(LossOutput { loss, costs, rnnt })
+    }
+
+    /// One part of a batch whose reduction factors (and branch) were taken for the whole batch:
+    /// `sum_b factors[b] * cost_b` over the part's utterances, and their costs. The parts' sums
+    /// add up to [`TdtLoss::forward`]'s loss of the whole batch. `targets` is
+    /// `[part, u_max]` row-major with `u_max` the logits' `U`.
+    pub fn part<B: TdtBackend>(
+        &self,
+        logits: Tensor<B, 4>,
+        targets: &[u32],
+        frame_lens: &[usize],
+        target_lens: &[usize],
+        factors: &[f64],
+        rnnt: bool,
+    ) -> Result<(Tensor<B, 1>, Tensor<B, 1>), TdtError> {
+        if factors.len() != frame_lens.len() {
+            return Err(TdtError::Shape(format!(
+                "{} reduction factors for {} utterances",
+                factors.len(),
+                frame_lens.len()
+            )));
+        }
         let device = logits.device();
         let u_max = logits.dims()[2] - 1;
-        let rnnt = self.rnnt_branch(self.calls);
-        self.calls += 1;
         let problem = TdtProblem {
             targets: targets.to_vec(),
             u_max,
@@ -272,13 +303,10 @@ impl TdtLoss {
             rnnt,
         };
         let costs = tdt_costs(logits, &problem)?;
-        let factors: Vec<f32> = batch::reduction_factors(target_lens, self.options.reduction)
-            .iter()
-            .map(|&f| f as f32)
-            .collect();
+        let factors: Vec<f32> = factors.iter().map(|&f| f as f32).collect();
         let factors =
             Tensor::<B, 1>::from_data(TensorData::new(factors, [frame_lens.len()]), &device);
         let loss = (costs.clone() * factors).sum();
-        Ok(LossOutput { loss, costs, rnnt })
+        Ok((loss, costs))
     }
 }

@@ -196,6 +196,18 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub node_transport: Option<Box<dyn parallel::HostSum>>,
 }
 
+/// A batch encoded up to the joint (see [`Trainer::encode_batch`]).
+struct Encoded<B: Backend> {
+    /// Encoder output projected by the joint, `[B, T, J]`.
+    enc: Tensor<B, 3>,
+    /// Prediction output projected by the joint, `[B, U + 1, J]`.
+    pred: Tensor<B, 3>,
+    /// Valid encoder frames.
+    enc_lens: Vec<usize>,
+    /// Valid targets.
+    token_lens: Vec<usize>,
+}
+
 /// SpecAugment masks `[B, T, F]` (1 keep, 0 masked) from a host generator.
 pub fn spec_augment_mask(
     cfg: &crate::model::config::SpecAugmentConfig,
@@ -257,12 +269,10 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         })
     }
 
-    /// The loss of one padded batch (a scalar tensor; differentiable).
-    pub fn batch_loss(
-        &mut self,
-        batch: &PaddedBatch,
-        train: bool,
-    ) -> Result<Tensor<B, 1>, TrainError> {
+    /// Front end, SpecAugment (when training), encoder and prediction network of a batch, both
+    /// projected for the joint: everything of the forward pass before the joint's largest
+    /// tensor.
+    fn encode_batch(&mut self, batch: &PaddedBatch, train: bool) -> Result<Encoded<B>, TrainError> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
         let dither = train.then(|| rng::derive(self.cfg.train.seed, Stream::Dither, self.micro));
@@ -288,10 +298,121 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let u = batch.max_tokens;
         let ids: Vec<i64> = batch.tokens.iter().map(|&x| i64::from(x)).collect();
         let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, u]), &self.device);
-        let logits = self.model.logits(enc, targets);
-        let token_lens: Vec<usize> = batch.token_lens.iter().map(|&n| n as usize).collect();
-        let out = self.loss.forward(logits, &batch.tokens, &enc_lens, &token_lens)?;
+        let pred = self.model.prediction.forward(targets);
+        Ok(Encoded {
+            enc: self.model.joint.project_encoder(enc),
+            pred: self.model.joint.project_prediction(pred),
+            enc_lens,
+            token_lens: batch.token_lens.iter().map(|&n| n as usize).collect(),
+        })
+    }
+
+    /// The loss of one padded batch (a scalar tensor; differentiable).
+    pub fn batch_loss(
+        &mut self,
+        batch: &PaddedBatch,
+        train: bool,
+    ) -> Result<Tensor<B, 1>, TrainError> {
+        let e = self.encode_batch(batch, train)?;
+        let logits = self.model.joint.combine(e.enc.unsqueeze_dim(2), e.pred.unsqueeze_dim(1));
+        let out = self.loss.forward(logits, &batch.tokens, &e.enc_lens, &e.token_lens)?;
         Ok(out.loss)
+    }
+
+    /// The loss of one micro-batch and its gradients (the loss divided by `divisor` before
+    /// backward), or `None` when the loss is not finite (nothing is then computed backward).
+    /// With `train.fused_batch_size` below the batch size the joint runs in parts
+    /// ([`Trainer::fused_gradients`]).
+    fn micro_batch_gradients(
+        &mut self,
+        batch: &PaddedBatch,
+        divisor: f64,
+    ) -> Result<Option<(f64, GradientsParams)>, TrainError> {
+        let part = self.cfg.train.fused_batch_size;
+        if part > 0 && part < batch.size() {
+            return self.fused_gradients(batch, part, divisor);
+        }
+        let loss = self.batch_loss(batch, true)?;
+        let value: f32 = loss.clone().into_scalar().elem();
+        if !value.is_finite() {
+            return Ok(None);
+        }
+        let grads = loss.div_scalar(divisor).backward();
+        Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))))
+    }
+
+    /// The joint and loss over parts of `part` utterances. The encoder and prediction outputs
+    /// are computed once for the batch; each part's joint output (cropped to the part's own
+    /// longest frames and targets) lives only through that part's forward and backward, which
+    /// give the gradient of the joint's output layer and of the two projected inputs. One
+    /// backward of `sum(enc * d_enc) + sum(pred * d_pred)` then carries those through the
+    /// encoder and prediction network. The reduction factors and the loss branch are taken for
+    /// the whole batch, so the result is the unfused gradient, up to the order of f32 sums.
+    fn fused_gradients(
+        &mut self,
+        batch: &PaddedBatch,
+        part: usize,
+        divisor: f64,
+    ) -> Result<Option<(f64, GradientsParams)>, TrainError> {
+        let e = self.encode_batch(batch, true)?;
+        let rnnt = self.loss.next_branch();
+        let factors =
+            crate::tdt::batch::reduction_factors(&e.token_lens, self.loss.options.reduction);
+        let enc = e.enc.clone().detach().require_grad();
+        let pred = e.pred.clone().detach().require_grad();
+        let u_max = batch.max_tokens;
+        let mut accum = GradientsAccumulator::<TdtModel<B>>::new();
+        let mut d_enc: Option<Tensor<B::InnerBackend, 3>> = None;
+        let mut d_pred: Option<Tensor<B::InnerBackend, 3>> = None;
+        let add = |sum: &mut Option<Tensor<B::InnerBackend, 3>>,
+                   g: Option<Tensor<B::InnerBackend, 3>>| {
+            if let Some(g) = g {
+                *sum = Some(match sum.take() {
+                    Some(s) => s + g,
+                    None => g,
+                });
+            }
+        };
+        let mut total = 0.0;
+        for start in (0..batch.size()).step_by(part) {
+            let end = (start + part).min(batch.size());
+            let frames = &e.enc_lens[start..end];
+            let lens = &e.token_lens[start..end];
+            let t = frames.iter().copied().max().unwrap_or(1).max(1);
+            let u = lens.iter().copied().max().unwrap_or(0);
+            let targets: Vec<u32> = (start..end)
+                .flat_map(|r| batch.tokens[r * u_max..r * u_max + u].iter().copied())
+                .collect();
+            let logits = self.model.joint.combine(
+                enc.clone().slice([start..end, 0..t]).unsqueeze_dim(2),
+                pred.clone().slice([start..end, 0..u + 1]).unsqueeze_dim(1),
+            );
+            let (loss, _) =
+                self.loss.part(logits, &targets, frames, lens, &factors[start..end], rnnt)?;
+            let value: f32 = loss.clone().into_scalar().elem();
+            if !value.is_finite() {
+                return Ok(None);
+            }
+            total += f64::from(value);
+            let grads = loss.div_scalar(divisor).backward();
+            add(&mut d_enc, enc.grad(&grads));
+            add(&mut d_pred, pred.grad(&grads));
+            accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+        }
+        let mut surrogate = None;
+        for (x, g) in [(e.enc, d_enc), (e.pred, d_pred)] {
+            if let Some(g) = g {
+                let term = (x * Tensor::from_inner(g)).sum();
+                surrogate = Some(match surrogate {
+                    Some(s) => s + term,
+                    None => term,
+                });
+            }
+        }
+        if let Some(s) = surrogate {
+            accum.accumulate(&self.model, GradientsParams::from_grads(s.backward(), &self.model));
+        }
+        Ok(Some((total, accum.grads())))
     }
 
     /// Writes a checkpoint of this trainer with `state` into `dir` (see [`checkpoint::save`]).
@@ -337,19 +458,17 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             self.loss.calls = slot;
             let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
             crate::model::seed_backend::<B>(&self.device, seed);
-            let loss = self.batch_loss(batch, true)?;
+            let result = self.micro_batch_gradients(batch, n)?;
             self.micro += 1;
             audio_seconds += batch.seconds;
             utterances += batch.size() as u64;
-            let value: f32 = loss.clone().into_scalar().elem();
-            if !value.is_finite() {
+            let Some((value, grads)) = result else {
                 non_finite = true;
                 continue;
-            }
-            loss_sum += f64::from(value);
+            };
+            loss_sum += value;
             finite += 1;
-            let grads = loss.div_scalar(n).backward();
-            accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+            accum.accumulate(&self.model, grads);
         }
         Ok(StepGradients {
             grads: accum.grads(),
