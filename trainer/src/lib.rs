@@ -51,12 +51,15 @@ pub use eval::{
     EvalError, Evaluation,
 };
 // The model.
+pub use model::augment::SpecAugmentDraws;
 pub use model::config::{PreprocessorConfig, SpecAugmentConfig};
-pub use model::mel::MelFrontend;
+pub use model::decoder::Joint;
+pub use model::mel::{unpack_pcm, MelFrontend};
 pub use model::{ModelConfig, TdtModel};
 pub use tokenizer::{Pieces, TokenizerError};
 // Training.
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
+pub use train::fused::{joint_in_parts, JointInputs};
 pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
 pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};

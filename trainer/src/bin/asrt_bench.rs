@@ -96,6 +96,27 @@ enum Bench {
         #[arg(long, default_value_t = 1025)]
         vocab: usize,
     },
+    /// Peak memory and time of Parakeet-TDT-0.6B's joint + TDT loss, forward and backward, on
+    /// the CPU backend, for a micro-batch of `--batch` utterances of `--seconds` each (80 ms
+    /// encoder frames, `--tokens-per-second` targets): from encoder output `[B, T, 1024]` and
+    /// prediction output `[B, U + 1, 640]` to the gradients of the joint's parameters and of
+    /// both inputs. `--unfused` materialises the log-softmax over the tokens and over the
+    /// durations before the loss, as a loss that reads log-probabilities needs (the memory-heavy
+    /// path); otherwise the loss reads the logits and writes its gradient over them.
+    /// `--part K` runs the joint on K utterances at a time (`train.fused_batch_size`).
+    JointMemory {
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        #[arg(long, default_value_t = 90.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 3.3)]
+        tokens_per_second: f64,
+        /// Utterances per joint call (0: the whole micro-batch).
+        #[arg(long, default_value_t = 0)]
+        part: usize,
+        #[arg(long)]
+        unfused: bool,
+    },
     /// Optimizer steps of the tiny model on a corpus (CPU backend).
     TrainStep {
         corpus: PathBuf,
@@ -255,6 +276,9 @@ fn main() -> anyhow::Result<()> {
             )?,
             other => anyhow::bail!("--backend {other}: expected cpu or wgpu"),
         },
+        Bench::JointMemory { batch, seconds, tokens_per_second, part, unfused } => {
+            joint_memory(batch, seconds, tokens_per_second, part, unfused)?
+        }
         Bench::Tdt { batch, frames, targets, vocab, repeats } => {
             tdt_bench(batch, frames, targets, vocab, repeats)?
         }
@@ -348,6 +372,101 @@ fn tdt_memory<B: asr_trainer::tdt::op::TdtBackend>(
         "rss_before_mib": rss0, "peak_rss_mib": peak,
         "peak_growth_mib": peak - rss0, "peak_growth_over_logits": (peak - rss0) / logits_mib,
         "seconds": seconds, "gradient_probe": probe,
+    }))
+}
+
+fn joint_memory(
+    b: usize,
+    seconds: f64,
+    tokens_per_second: f64,
+    part: usize,
+    unfused: bool,
+) -> anyhow::Result<serde_json::Value> {
+    use asr_trainer::rng::SplitMix64;
+    use asr_trainer::tdt::op::TdtLoss;
+    use asr_trainer::tdt::TdtOptions;
+    use asr_trainer::{joint_in_parts, Joint, JointInputs, TrainConfig};
+    use burn::backend::{Autodiff, NdArray};
+    use burn::optim::GradientsParams;
+    use burn::tensor::{activation, ElementConversion, Tensor, TensorData};
+    type Ad = Autodiff<NdArray>;
+
+    anyhow::ensure!(b > 0 && seconds > 0.0, "--batch and --seconds must be positive");
+    anyhow::ensure!(!(unfused && part > 0), "--unfused runs the whole micro-batch (no --part)");
+    let cfg = TrainConfig::from_toml("preset = \"parakeet-tdt-0.6b\"\n")?;
+    let m = &cfg.model;
+    let vocab = 1024;
+    let d = m.durations.len();
+    let width = vocab + 1 + d;
+    let (d_enc, d_pred) = (m.encoder.d_model, m.decoder.pred_hidden);
+    let t = (seconds / 0.08).ceil() as usize;
+    let u = (seconds * tokens_per_second).round() as usize;
+    let device = Default::default();
+    <Ad as burn::tensor::backend::Backend>::seed(&device, 1);
+    let joint = Joint::<Ad>::new(&m.joint, d_enc, d_pred, width, &device);
+    let mut rng = SplitMix64::new(3);
+    let mut random =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect() };
+    let enc =
+        Tensor::<Ad, 3>::from_data(TensorData::new(random(b * t * d_enc), [b, t, d_enc]), &device)
+            .require_grad();
+    let pred = Tensor::<Ad, 3>::from_data(
+        TensorData::new(random(b * (u + 1) * d_pred), [b, u + 1, d_pred]),
+        &device,
+    )
+    .require_grad();
+    let mut r2 = SplitMix64::new(4);
+    let targets: Vec<u32> = (0..b * u).map(|_| r2.below(vocab as u64) as u32).collect();
+    let (frames, lens) = (vec![t; b], vec![u; b]);
+    let options = TdtOptions { omega: 0.0, ..TdtOptions::default() };
+    let mut loss = TdtLoss::new(options, 0)?;
+    let logits_mib = (b * t * (u + 1) * width * 4) as f64 / 1048576.0;
+
+    let (rss0, _, _, _) = memory();
+    reset_peak()?;
+    let s = Instant::now();
+    let (value, grads, d_enc_probe) = if part > 0 {
+        let x = JointInputs {
+            enc: joint.project_encoder(enc.clone()),
+            pred: joint.project_prediction(pred.clone()),
+            tokens: &targets,
+            enc_lens: &frames,
+            token_lens: &lens,
+        };
+        let (value, grads) = joint_in_parts(&joint, &joint, &loss, x, part, false, 1.0)?
+            .context("non-finite loss")?;
+        // The inputs' gradients came through the surrogate backward, with the parameters'.
+        (value, grads, f32::NAN)
+    } else {
+        let logits = joint.forward(enc.clone(), pred.clone());
+        let logits = if unfused {
+            let tokens = logits.clone().slice([0..b, 0..t, 0..u + 1, 0..vocab + 1]);
+            let durations = logits.slice([0..b, 0..t, 0..u + 1, vocab + 1..width]);
+            Tensor::cat(
+                vec![activation::log_softmax(tokens, 3), activation::log_softmax(durations, 3)],
+                3,
+            )
+        } else {
+            logits
+        };
+        let out = loss.forward(logits, &targets, &frames, &lens)?;
+        let value: f32 = out.loss.clone().into_scalar().elem();
+        let grads = out.loss.backward();
+        let probe: f32 =
+            enc.grad(&grads).context("no encoder gradient")?.abs().sum().into_scalar().elem();
+        (f64::from(value), GradientsParams::from_grads(grads, &joint), probe)
+    };
+    let seconds_taken = s.elapsed().as_secs_f64();
+    let (_, _, _, peak) = memory();
+    let params = grads.len();
+    Ok(json!({
+        "bench": "joint-memory", "batch": b, "seconds_each": seconds, "frames": t, "targets": u,
+        "logits_shape": [b, t, u + 1, width], "logits_mib": logits_mib,
+        "mode": if unfused { "unfused".to_string() } else if part > 0 { format!("parts of {part}") } else { "fused".to_string() },
+        "rss_before_mib": rss0, "peak_growth_mib": peak - rss0,
+        "peak_growth_over_logits": (peak - rss0) / logits_mib,
+        "loss": value, "joint_parameters_with_gradient": params, "encoder_gradient_probe": d_enc_probe,
+        "seconds": seconds_taken,
     }))
 }
 

@@ -109,8 +109,18 @@ impl<B: Backend> Joint<B> {
     }
 
     /// Logits from projected parts that broadcast against each other.
+    ///
+    /// The output layer runs as a rank-2 `Linear` over the flattened leading dimensions: a
+    /// rank-4 one broadcasts its weight against every `(b, t)` on the CPU backend, which
+    /// materialises a `[B, T, J, outputs]` copy of it forward and backward (hundreds of MB for
+    /// a small batch; `asrt-bench joint-memory`), and rank-4 `Linear`s got a wrong bias
+    /// gradient on the CubeCL backend (see the encoder's subsampling).
     pub fn combine<const D: usize>(&self, enc: Tensor<B, D>, pred: Tensor<B, D>) -> Tensor<B, D> {
-        self.out.forward(relu(enc + pred))
+        let hidden = relu(enc + pred);
+        let mut dims = hidden.dims();
+        let out = self.out.forward(hidden.flatten::<2>(0, D - 2));
+        dims[D - 1] = out.dims()[1];
+        out.reshape(dims)
     }
 
     /// Full lattice `[B, T, U + 1, outputs]` from `[B, T, d_enc]` and `[B, U + 1, d_pred]`.

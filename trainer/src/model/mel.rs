@@ -11,6 +11,7 @@
 //! the whole front end is tensor operations on the device.
 
 use burn::prelude::*;
+use burn::tensor::Distribution;
 
 use super::config::PreprocessorConfig;
 
@@ -78,8 +79,35 @@ pub fn hann_window(win: usize) -> Vec<f64> {
 }
 
 /// `n` Gaussian samples of standard deviation `scale`.
-fn gaussian(n: usize, seed: u64, scale: f64) -> Vec<f32> {
-    crate::rng::SplitMix64::new(seed).gaussian(n, scale)
+/// PCM `[batch, samples]` as f32 sample values, uploaded as pairs of 16-bit samples packed
+/// into 32-bit words (`low | high << 16`, bit patterns, no arithmetic on the host) and unpacked
+/// on the device with an arithmetic shift and a subtraction, which give the same values on
+/// 32- and 64-bit integer backends.
+pub fn unpack_pcm<B: Backend>(
+    pcm: &[i16],
+    batch: usize,
+    samples: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let n = batch * samples;
+    let words: Vec<i32> = pcm[..n]
+        .chunks(2)
+        .map(|p| {
+            let lo = u32::from(p[0] as u16);
+            let hi = u32::from(p.get(1).map_or(0, |&s| s as u16));
+            (lo | (hi << 16)) as i32
+        })
+        .collect();
+    let w = words.len();
+    let words = Tensor::<B, 1, Int>::from_data(TensorData::new(words, [w]), device);
+    let high = words.clone().bitwise_right_shift_scalar(16.elem());
+    let low = words - high.clone().mul_scalar(65_536);
+    let low = low.clone() - low.greater_equal_elem(32_768).int().mul_scalar(65_536);
+    Tensor::stack::<2>(vec![low, high], 1)
+        .reshape([2 * w])
+        .slice([0..n])
+        .float()
+        .reshape([batch, samples])
 }
 
 /// Valid frames of an utterance of `samples` samples: `samples / hop`, as NeMo 2 counts them
@@ -120,8 +148,10 @@ impl<B: Backend> MelFrontend<B> {
 
     /// Features `[batch, frames, features]` and valid frames per utterance, from padded 16-bit
     /// PCM `[batch, samples]` (row-major) and each utterance's sample count. With
-    /// `dither_seed` (training) Gaussian dither is added, drawn on the host from that seed so
-    /// that it depends on nothing else (no global generator).
+    /// `dither_seed` (training) Gaussian dither is added, drawn on the device from the backend's
+    /// generator seeded with that seed under a process-wide lock ([`super::draw_seeded`]), so
+    /// that it depends on nothing else. The PCM travels as 16-bit samples, two to a 32-bit word
+    /// (the only per-sample upload), and is unpacked on the device.
     pub fn forward(
         &self,
         pcm: &[i16],
@@ -131,15 +161,15 @@ impl<B: Backend> MelFrontend<B> {
         device: &B::Device,
     ) -> (Tensor<B, 3>, Vec<usize>) {
         let samples = pcm.len() / batch.max(1);
-        let ints: Vec<i32> = pcm.iter().map(|&s| i32::from(s)).collect();
-        let mut x = Tensor::<B, 2, Int>::from_data(TensorData::new(ints, [batch, samples]), device)
-            .float()
-            .mul_scalar(1.0 / 32768.0);
+        let mut x = unpack_pcm::<B>(pcm, batch, samples, device).mul_scalar(1.0 / 32768.0);
         let sample_lens: Vec<usize> = lens.iter().map(|&n| n as usize).collect();
         let valid = super::mask::keep::<B>(&sample_lens, samples, device);
         if let (Some(seed), true) = (dither_seed, self.cfg.dither > 0.0) {
-            let noise = gaussian(batch * samples, seed, self.cfg.dither);
-            x = x + Tensor::<B, 2>::from_data(TensorData::new(noise, [batch, samples]), device);
+            let normal = Distribution::Normal(0.0, self.cfg.dither);
+            let noise = super::draw_seeded::<B, _>(device, seed, || {
+                Tensor::<B, 2>::random([batch, samples], normal, device)
+            });
+            x = x + noise;
         }
         if self.cfg.preemph != 0.0 && samples > 1 {
             let head = x.clone().slice([0..batch, 0..1]);

@@ -1,5 +1,6 @@
 //! The FastConformer-TDT model: mel front end, encoder, prediction network, joint.
 
+pub mod augment;
 pub mod config;
 pub mod conv;
 pub mod decoder;
@@ -34,6 +35,15 @@ static BACKEND_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub fn seed_backend<B: Backend>(device: &B::Device, seed: u64) {
     let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     B::seed(device, seed);
+}
+
+/// Runs `draw` right after seeding the backend's generator with `seed`, under the lock that
+/// model building takes: what `draw` takes from the generator is a pure function of `seed` even
+/// while other threads use the generator (ranks that are threads of one process).
+pub fn draw_seeded<B: Backend, T>(device: &B::Device, seed: u64, draw: impl FnOnce() -> T) -> T {
+    let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    B::seed(device, seed);
+    draw()
 }
 
 impl<B: Backend> TdtModel<B> {

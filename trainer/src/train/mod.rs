@@ -7,9 +7,11 @@
 //! `gradients_at` and `apply` ([`collective`], [`parallel`]), so every rank applies the same
 //! update. One rank is the case of a world of one.
 //!
-//! Everything random is a pure function of (seed, counter): dither and SpecAugment masks are drawn
-//! on the host from (seed, micro-batch number), the loss's `omega` from the same number, initial
-//! weights from the seed (`TdtModel::new`, under a process-wide lock). Dropout uses the backend's
+//! Everything random is a pure function of (seed, counter): SpecAugment intervals are drawn on
+//! the host from (seed, micro-batch number) and made into masks on the device, dither is drawn
+//! on the device from the backend's generator seeded with (seed, micro-batch number) under a
+//! process-wide lock, the loss's `omega` comes from the same number, initial weights from the
+//! seed (`TdtModel::new`, under the same lock). Dropout uses the backend's
 //! generator, reseeded before each micro-batch; it is process-global, so ranks that are threads
 //! of one process interleave their dropout draws (the tiny preset has no dropout; such runs stay
 //! consistent across ranks but are not bit-reproducible). With the checkpointed model, optimizer
@@ -17,6 +19,7 @@
 //! on the CPU backend.
 
 pub mod collective;
+pub mod fused;
 pub mod grads;
 pub mod metrics;
 pub mod parallel;
@@ -36,9 +39,10 @@ use crate::data::batcher::{Audio, LoaderError, PaddedBatch};
 use crate::data::sampler::PlanError;
 use crate::data::set::{SetError, TrainingSet};
 use crate::eval::EvalError;
+use crate::model::augment::SpecAugmentDraws;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
-use crate::rng::{self, SplitMix64, Stream};
+use crate::rng::{self, Stream};
 use crate::tdt::op::{TdtBackend, TdtLoss};
 use metrics::StepMetrics;
 
@@ -208,36 +212,6 @@ struct Encoded<B: Backend> {
     token_lens: Vec<usize>,
 }
 
-/// SpecAugment masks `[B, T, F]` (1 keep, 0 masked) from a host generator.
-pub fn spec_augment_mask(
-    cfg: &crate::model::config::SpecAugmentConfig,
-    frame_lens: &[usize],
-    t: usize,
-    f: usize,
-    seed: u64,
-) -> Vec<f32> {
-    let mut rng = SplitMix64::new(seed);
-    let mut below = |n: usize| rng.below(n as u64) as usize;
-    let mut mask = vec![1f32; frame_lens.len() * t * f];
-    for (b, &len) in frame_lens.iter().enumerate() {
-        let m = &mut mask[b * t * f..(b + 1) * t * f];
-        for _ in 0..cfg.freq_masks {
-            let w = below(cfg.freq_width + 1).min(f);
-            let f0 = below(f - w + 1);
-            for row in m.chunks_exact_mut(f) {
-                row[f0..f0 + w].iter_mut().for_each(|x| *x = 0.0);
-            }
-        }
-        let max_w = ((cfg.time_width * len as f64) as usize).max(1);
-        for _ in 0..cfg.time_masks {
-            let w = below(max_w + 1).min(len);
-            let t0 = below(len - w + 1);
-            m[t0 * f..(t0 + w) * f].iter_mut().for_each(|x| *x = 0.0);
-        }
-    }
-    mask
-}
-
 impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// A fresh model and optimizer for a vocabulary of `vocab` tokens.
     pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
@@ -282,15 +256,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let (feats, frame_lens) =
             self.frontend.forward(pcm, b, &batch.audio_lens, dither, &self.device);
         let feats = if train {
-            let [_, t, f] = feats.dims();
-            let mask = spec_augment_mask(
-                &cfg.spec_augment,
-                &frame_lens,
-                t,
-                f,
-                rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro),
-            );
-            feats * Tensor::<B, 3>::from_data(TensorData::new(mask, [b, t, f]), &self.device)
+            let f = feats.dims()[2];
+            let seed = rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro);
+            SpecAugmentDraws::draw(&cfg.spec_augment, &frame_lens, f, seed).apply(feats)
         } else {
             feats
         };
@@ -341,13 +309,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))))
     }
 
-    /// The joint and loss over parts of `part` utterances. The encoder and prediction outputs
-    /// are computed once for the batch; each part's joint output (cropped to the part's own
-    /// longest frames and targets) lives only through that part's forward and backward, which
-    /// give the gradient of the joint's output layer and of the two projected inputs. One
-    /// backward of `sum(enc * d_enc) + sum(pred * d_pred)` then carries those through the
-    /// encoder and prediction network. The reduction factors and the loss branch are taken for
-    /// the whole batch, so the result is the unfused gradient, up to the order of f32 sums.
+    /// The joint and loss over parts of `part` utterances ([`fused::joint_in_parts`]); one
+    /// loss branch for the whole micro-batch.
     fn fused_gradients(
         &mut self,
         batch: &PaddedBatch,
@@ -356,63 +319,22 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     ) -> Result<Option<(f64, GradientsParams)>, TrainError> {
         let e = self.encode_batch(batch, true)?;
         let rnnt = self.loss.next_branch();
-        let factors =
-            crate::tdt::batch::reduction_factors(&e.token_lens, self.loss.options.reduction);
-        let enc = e.enc.clone().detach().require_grad();
-        let pred = e.pred.clone().detach().require_grad();
-        let u_max = batch.max_tokens;
-        let mut accum = GradientsAccumulator::<TdtModel<B>>::new();
-        let mut d_enc: Option<Tensor<B::InnerBackend, 3>> = None;
-        let mut d_pred: Option<Tensor<B::InnerBackend, 3>> = None;
-        let add = |sum: &mut Option<Tensor<B::InnerBackend, 3>>,
-                   g: Option<Tensor<B::InnerBackend, 3>>| {
-            if let Some(g) = g {
-                *sum = Some(match sum.take() {
-                    Some(s) => s + g,
-                    None => g,
-                });
-            }
+        let inputs = fused::JointInputs {
+            enc: e.enc,
+            pred: e.pred,
+            tokens: &batch.tokens,
+            enc_lens: &e.enc_lens,
+            token_lens: &e.token_lens,
         };
-        let mut total = 0.0;
-        for start in (0..batch.size()).step_by(part) {
-            let end = (start + part).min(batch.size());
-            let frames = &e.enc_lens[start..end];
-            let lens = &e.token_lens[start..end];
-            let t = frames.iter().copied().max().unwrap_or(1).max(1);
-            let u = lens.iter().copied().max().unwrap_or(0);
-            let targets: Vec<u32> = (start..end)
-                .flat_map(|r| batch.tokens[r * u_max..r * u_max + u].iter().copied())
-                .collect();
-            let logits = self.model.joint.combine(
-                enc.clone().slice([start..end, 0..t]).unsqueeze_dim(2),
-                pred.clone().slice([start..end, 0..u + 1]).unsqueeze_dim(1),
-            );
-            let (loss, _) =
-                self.loss.part(logits, &targets, frames, lens, &factors[start..end], rnnt)?;
-            let value: f32 = loss.clone().into_scalar().elem();
-            if !value.is_finite() {
-                return Ok(None);
-            }
-            total += f64::from(value);
-            let grads = loss.div_scalar(divisor).backward();
-            add(&mut d_enc, enc.grad(&grads));
-            add(&mut d_pred, pred.grad(&grads));
-            accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
-        }
-        let mut surrogate = None;
-        for (x, g) in [(e.enc, d_enc), (e.pred, d_pred)] {
-            if let Some(g) = g {
-                let term = (x * Tensor::from_inner(g)).sum();
-                surrogate = Some(match surrogate {
-                    Some(s) => s + term,
-                    None => term,
-                });
-            }
-        }
-        if let Some(s) = surrogate {
-            accum.accumulate(&self.model, GradientsParams::from_grads(s.backward(), &self.model));
-        }
-        Ok(Some((total, accum.grads())))
+        Ok(fused::joint_in_parts(
+            &self.model,
+            &self.model.joint,
+            &self.loss,
+            inputs,
+            part,
+            rnnt,
+            divisor,
+        )?)
     }
 
     /// Writes a checkpoint of this trainer with `state` into `dir` (see [`checkpoint::save`]).

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::type_complexity, missing_docs)]
 
 mod batches;
+mod device_inputs;
 mod fused_joint;
 mod mel;
 mod nemo;
