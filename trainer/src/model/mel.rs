@@ -105,7 +105,7 @@ pub fn unpack_pcm<B: Backend>(
     let low = low.clone() - low.greater_equal_elem(32_768).int().mul_scalar(65_536);
     Tensor::stack::<2>(vec![low, high], 1)
         .reshape([2 * w])
-        .slice([0..n])
+        .narrow(0, 0, n)
         .float()
         .reshape([batch, samples])
 }

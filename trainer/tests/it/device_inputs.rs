@@ -46,6 +46,7 @@ fn check_spec_augment<B: Backend>(device: &B::Device) {
         SpecAugmentConfig { freq_masks: 1, freq_width: 200, time_masks: 20, time_width: 1.0 },
     ];
     for (c, cfg) in configs.iter().enumerate() {
+        let mut masked = 0;
         for seed in 0..4u64 {
             let (b, t, f) = (1 + rng.below(5) as usize, 1 + rng.below(300) as usize, 80);
             let lens: Vec<usize> = (0..b).map(|_| 1 + rng.below(t as u64) as usize).collect();
@@ -56,10 +57,9 @@ fn check_spec_augment<B: Backend>(device: &B::Device) {
             let mask = draws.host_mask(t, f);
             let want: Vec<f32> = feats.iter().zip(&mask).map(|(x, m)| x * m).collect();
             assert_eq!(got, want, "config {c}, seed {seed}, [{b}, {t}, {f}]");
-            if cfg.time_masks + cfg.freq_masks > 0 {
-                assert!(mask.iter().any(|&m| m == 0.0) || seed > 0, "config {c}: nothing masked");
-            }
+            masked += mask.iter().filter(|&&m| m == 0.0).count();
         }
+        assert!(masked > 0, "config {c}: nothing masked in any draw");
     }
 }
 
