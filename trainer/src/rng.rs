@@ -50,21 +50,6 @@ impl SplitMix64 {
             self.next_u64() % n
         }
     }
-
-    /// `n` Gaussian samples of standard deviation `scale` (Box-Muller, both outputs used).
-    pub fn gaussian(&mut self, n: usize, scale: f64) -> Vec<f32> {
-        let mut out = Vec::with_capacity(n + 1);
-        while out.len() < n {
-            let u1 = self.next_f64().max(f64::MIN_POSITIVE);
-            let u2 = self.next_f64();
-            let r = (-2.0 * u1.ln()).sqrt() * scale;
-            let a = 2.0 * std::f64::consts::PI * u2;
-            out.push((r * a.cos()) as f32);
-            out.push((r * a.sin()) as f32);
-        }
-        out.truncate(n);
-        out
-    }
 }
 
 /// SplitMix64's output function (a bijection of 64-bit words).

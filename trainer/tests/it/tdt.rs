@@ -541,6 +541,26 @@ mod burn_op {
         (logits, targets, [5, 2, 4], [3, 1, 0])
     }
 
+    /// [`case`]'s batch as the CPU loss reads it.
+    fn case_input<'a>(
+        logits: &'a [f32],
+        targets: &'a [u32],
+        frames: &'a [usize],
+        lens: &'a [usize],
+    ) -> BatchInput<'a> {
+        BatchInput {
+            logits,
+            batch: 3,
+            t_max: 5,
+            u_max: 3,
+            vocab: 6,
+            n_dur: 5,
+            targets,
+            frame_lens: frames,
+            target_lens: lens,
+        }
+    }
+
     /// The autodiff gradient equals the closed-form gradient times the reduction factor, on any
     /// autodiff backend whose inner backend implements the TDT operation.
     pub(crate) fn check_backward<B>(device: &B::Device)
@@ -558,17 +578,7 @@ mod burn_op {
         let grads = out.loss.backward();
         let g: Vec<f32> = x.grad(&grads).unwrap().into_data().to_vec().unwrap();
 
-        let input = BatchInput {
-            logits: &logits,
-            batch: 3,
-            t_max: 5,
-            u_max: 3,
-            vocab: 6,
-            n_dur: 5,
-            targets: &targets,
-            frame_lens: &frames,
-            target_lens: &lens,
-        };
+        let input = case_input(&logits, &targets, &frames, &lens);
         let direct = batch::loss(&input, &options, false, true).unwrap();
         let (expected_loss, factors) = batch::reduce(&direct.costs, &lens, Reduction::MeanVolume);
         let got_loss: f32 = out.loss.into_data().to_vec::<f32>().unwrap()[0];
@@ -605,18 +615,15 @@ mod burn_op {
             options: options.clone(),
             rnnt: false,
         };
-        let input = BatchInput {
-            logits: &logits,
-            batch: 3,
-            t_max: 5,
-            u_max: 3,
-            vocab: 6,
-            n_dur: 5,
-            targets: &targets,
-            frame_lens: &frames,
-            target_lens: &lens,
-        };
+        let input = case_input(&logits, &targets, &frames, &lens);
         let direct = batch::loss(&input, &options, false, true).unwrap();
+        // Values of a primitive of any rank (the data carries its own shape).
+        let host = |t: NdArrayTensor| -> Vec<f32> {
+            Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(t))
+                .into_data()
+                .to_vec()
+                .unwrap()
+        };
         let address = |t: &NdArrayTensor| match t {
             NdArrayTensor::F32(s) => s.view().as_ptr() as usize,
             _ => panic!("expected f32"),
@@ -643,34 +650,18 @@ mod burn_op {
             let (costs, grad) = NdArray::tdt_forward(unshared, &problem, true).unwrap();
             let grad = grad.unwrap();
             assert_eq!(address(&grad), at, "rnnt {rnnt}: the gradient was not written in place");
-            let to_vec = |t: NdArrayTensor| {
-                Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(t))
-                    .into_data()
-                    .to_vec::<f32>()
-                    .unwrap()
-            };
-            let g = Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(grad))
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap();
+            let g = host(grad);
             assert_eq!(g, direct.grads.clone().unwrap(), "rnnt {rnnt}");
             let want: Vec<f32> = direct.costs.iter().map(|&c| c as f32).collect();
-            assert_eq!(to_vec(costs), want, "rnnt {rnnt}");
+            assert_eq!(host(costs), want, "rnnt {rnnt}");
 
             // Shared logits: the other holder still reads the logits afterwards.
             let shared = tensor(&logits);
             let keep = shared.clone();
             let (_, grad) = NdArray::tdt_forward(shared, &problem, true).unwrap();
-            let g = Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(grad.unwrap()))
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap();
+            let g = host(grad.unwrap());
             assert_eq!(g, direct.grads.clone().unwrap());
-            let kept = Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(keep))
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap();
-            assert_eq!(kept, logits);
+            assert_eq!(host(keep), logits);
         }
     }
 
