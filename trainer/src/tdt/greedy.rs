@@ -25,6 +25,25 @@ pub trait TdtDecoderModel {
 
     /// Advances the prediction state of utterance `rows[k]` with label `labels[k]`.
     fn advance(&mut self, state: &mut Self::State, rows: &[usize], labels: &[usize]);
+
+    /// The decision of each row of [`Self::joint`]: the arg-max token among the first `vocab`
+    /// logits and the arg-max duration index among the rest (the first maximum wins on ties, as
+    /// `torch.argmax` does on the CPU). A model that keeps its logits on a device overrides
+    /// this to read back two integers per row instead of the logits.
+    fn joint_argmax(
+        &mut self,
+        state: &Self::State,
+        rows: &[usize],
+        frames: &[usize],
+        vocab: usize,
+    ) -> Vec<(usize, usize)> {
+        let logits = self.joint(state, rows, frames);
+        let width = logits.len() / rows.len().max(1);
+        logits
+            .chunks_exact(width.max(1))
+            .map(|z| (argmax(&z[..vocab]), argmax(&z[vocab..])))
+            .collect()
+    }
 }
 
 /// A decoded utterance.
@@ -69,7 +88,6 @@ pub fn greedy_batch<M: TdtDecoderModel>(
 ) -> Vec<Hypothesis> {
     let n = frame_lens.len();
     let blank = opts.vocab - 1;
-    let width = opts.vocab + opts.durations.len();
     let mut state = model.start(n);
     let mut hyps = vec![Hypothesis::default(); n];
     let mut t = vec![0usize; n];
@@ -81,13 +99,11 @@ pub fn greedy_batch<M: TdtDecoderModel>(
             break;
         }
         let frames: Vec<usize> = rows.iter().map(|&b| t[b]).collect();
-        let logits = model.joint(&state, &rows, &frames);
+        let decisions = model.joint_argmax(&state, &rows, &frames, opts.vocab);
         let mut emit_rows = Vec::new();
         let mut emit_labels = Vec::new();
-        for (k, &b) in rows.iter().enumerate() {
-            let z = &logits[k * width..(k + 1) * width];
-            let token = argmax(&z[..opts.vocab]);
-            let mut d = opts.durations[argmax(&z[opts.vocab..])];
+        for (&b, &(token, di)) in rows.iter().zip(&decisions) {
+            let mut d = opts.durations[di];
             if token == blank {
                 t[b] += d.max(1);
                 continue;

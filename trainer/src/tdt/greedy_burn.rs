@@ -1,7 +1,13 @@
 //! Greedy TDT decoding of a Burn [`TdtModel`]: the adapter between the backend-independent
-//! search in [`super::greedy`] and the model's prediction network and joint. The encoder output
-//! is projected once per batch; each decoding step runs the prediction network on the rows that
-//! emitted a label.
+//! search in [`super::greedy`] and the model's prediction network and joint.
+//!
+//! Everything the search carries between steps stays on the model's device: the projected
+//! encoder output (`[B * T, J]`, projected once per batch), and per utterance the projected
+//! prediction output and the LSTM states. Per step the host sends the rows' indices and reads
+//! back two integers per row, the arg-max token and duration, which is all that label looping
+//! needs to choose the next frames. The prediction network runs only on the rows that emitted a
+//! label; their new states are put back in place by one gather from `[old; new]`, which copies
+//! values exactly (no arithmetic blend).
 
 use burn::nn::LstmState;
 use burn::prelude::*;
@@ -14,89 +20,113 @@ fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().into_vec::<f32>().expect("the data was converted to f32")
 }
 
-/// Greedy decoding state of one utterance.
-pub struct RowState {
-    pred: Vec<f32>,
-    h: Vec<Vec<f32>>,
-    c: Vec<Vec<f32>>,
+/// Greedy decoding state of every utterance of a batch, on the device.
+pub struct DeviceState<B: Backend> {
+    /// Projected prediction output `[B, J]`.
+    pred: Tensor<B, 2>,
+    /// LSTM state of each layer, `[B, H]` each.
+    lstm: Vec<LstmState<B, 2>>,
 }
 
 /// A [`TdtModel`] with one batch's projected encoder output, as the greedy search sees it.
 pub struct BurnGreedy<'a, B: Backend> {
     model: &'a TdtModel<B>,
-    enc: Vec<f32>,
+    /// Projected encoder output, `[B * T, J]`: row `b * T + t` is frame `t` of utterance `b`.
+    enc: Tensor<B, 2>,
     t_max: usize,
-    joint: usize,
     device: B::Device,
 }
 
 impl<'a, B: Backend> BurnGreedy<'a, B> {
     /// The decoder of one batch whose projected encoder output is `enc_proj` `[B, T, J]`.
     pub fn new(model: &'a TdtModel<B>, enc_proj: Tensor<B, 3>, device: &B::Device) -> Self {
-        let [_, t_max, joint] = enc_proj.dims();
-        BurnGreedy { model, enc: host(enc_proj), t_max, joint, device: device.clone() }
+        let [_, t_max, _] = enc_proj.dims();
+        BurnGreedy { model, enc: enc_proj.flatten::<2>(0, 1), t_max, device: device.clone() }
     }
 
-    fn run_step(&self, labels: &[usize], prev: Option<Vec<&RowState>>) -> Vec<RowState> {
-        let r = labels.len();
-        let ids: Vec<i64> = labels.iter().map(|&l| l as i64).collect();
-        let labels = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [r]), &self.device);
-        let state = prev.map(|rows| {
-            let layers = rows[0].h.len();
-            let hdim = rows[0].h[0].len();
-            (0..layers)
-                .map(|l| {
-                    let h: Vec<f32> = rows.iter().flat_map(|s| s.h[l].iter().copied()).collect();
-                    let c: Vec<f32> = rows.iter().flat_map(|s| s.c[l].iter().copied()).collect();
-                    LstmState::new(
-                        Tensor::from_data(TensorData::new(c, [r, hdim]), &self.device),
-                        Tensor::from_data(TensorData::new(h, [r, hdim]), &self.device),
-                    )
-                })
-                .collect()
-        });
-        let (out, next) = self.model.prediction.step(labels, state);
-        let pred = host(self.model.joint.project_prediction(out));
-        let hs: Vec<Vec<f32>> = next.iter().map(|s| host(s.hidden.clone())).collect();
-        let cs: Vec<Vec<f32>> = next.iter().map(|s| host(s.cell.clone())).collect();
-        let hdim = hs.first().map_or(0, |h| h.len() / r.max(1));
-        (0..r)
-            .map(|k| RowState {
-                pred: pred[k * self.joint..(k + 1) * self.joint].to_vec(),
-                h: hs.iter().map(|h| h[k * hdim..(k + 1) * hdim].to_vec()).collect(),
-                c: cs.iter().map(|c| c[k * hdim..(k + 1) * hdim].to_vec()).collect(),
-            })
-            .collect()
+    fn indices(&self, values: impl IntoIterator<Item = usize>) -> Tensor<B, 1, Int> {
+        let v: Vec<i64> = values.into_iter().map(|x| x as i64).collect();
+        let n = v.len();
+        Tensor::from_data(TensorData::new(v, [n]), &self.device)
+    }
+
+    /// Joint logits `[rows, V + D]` of utterance `rows[k]` at frame `frames[k]`, on the device.
+    fn logits(&self, state: &DeviceState<B>, rows: &[usize], frames: &[usize]) -> Tensor<B, 2> {
+        let at = self.indices(rows.iter().zip(frames).map(|(&b, &t)| b * self.t_max + t));
+        let e = self.enc.clone().select(0, at);
+        let p = state.pred.clone().select(0, self.indices(rows.iter().copied()));
+        self.model.joint.combine(e, p)
     }
 }
 
 impl<B: Backend> TdtDecoderModel for BurnGreedy<'_, B> {
-    type State = Vec<RowState>;
+    type State = DeviceState<B>;
 
-    fn start(&mut self, batch: usize) -> Vec<RowState> {
+    fn start(&mut self, batch: usize) -> DeviceState<B> {
         let blank = self.model.prediction_blank();
-        self.run_step(&vec![blank; batch], None)
+        let (out, lstm) = self.model.prediction.step(self.indices(vec![blank; batch]), None);
+        DeviceState { pred: self.model.joint.project_prediction(out), lstm }
     }
 
-    fn joint(&mut self, state: &Vec<RowState>, rows: &[usize], frames: &[usize]) -> Vec<f32> {
-        let (r, j) = (rows.len(), self.joint);
-        let mut e = Vec::with_capacity(r * j);
-        let mut p = Vec::with_capacity(r * j);
-        for (&b, &t) in rows.iter().zip(frames) {
-            let at = (b * self.t_max + t) * j;
-            e.extend_from_slice(&self.enc[at..at + j]);
-            p.extend_from_slice(&state[b].pred);
+    fn joint(&mut self, state: &DeviceState<B>, rows: &[usize], frames: &[usize]) -> Vec<f32> {
+        host(self.logits(state, rows, frames))
+    }
+
+    fn joint_argmax(
+        &mut self,
+        state: &DeviceState<B>,
+        rows: &[usize],
+        frames: &[usize],
+        vocab: usize,
+    ) -> Vec<(usize, usize)> {
+        let z = self.logits(state, rows, frames);
+        let [r, width] = z.dims();
+        let token = z.clone().narrow(1, 0, vocab).argmax(1);
+        let duration = z.narrow(1, vocab, width - vocab).argmax(1);
+        // One read for both: [r, 2].
+        let both = Tensor::cat(vec![token, duration], 1).into_data();
+        let v: Vec<i64> = both.convert::<i64>().into_vec().expect("the data was converted to i64");
+        debug_assert_eq!(v.len(), 2 * r);
+        v.chunks_exact(2).map(|p| (p[0] as usize, p[1] as usize)).collect()
+    }
+
+    fn advance(&mut self, state: &mut DeviceState<B>, rows: &[usize], labels: &[usize]) {
+        let n = state.pred.dims()[0];
+        let emitting = self.indices(rows.iter().copied());
+        let prev: Vec<LstmState<B, 2>> = state
+            .lstm
+            .iter()
+            .map(|s| {
+                LstmState::new(
+                    s.cell.clone().select(0, emitting.clone()),
+                    s.hidden.clone().select(0, emitting.clone()),
+                )
+            })
+            .collect();
+        let (out, next) =
+            self.model.prediction.step(self.indices(labels.iter().copied()), Some(prev));
+        let pred = self.model.joint.project_prediction(out);
+        if rows.len() == n {
+            // Every utterance emitted (rows are in ascending order): the new state is whole.
+            *state = DeviceState { pred, lstm: next };
+            return;
         }
-        let e = Tensor::<B, 2>::from_data(TensorData::new(e, [r, j]), &self.device);
-        let p = Tensor::<B, 2>::from_data(TensorData::new(p, [r, j]), &self.device);
-        host(self.model.joint.combine(e, p))
-    }
-
-    fn advance(&mut self, state: &mut Vec<RowState>, rows: &[usize], labels: &[usize]) {
-        let prev: Vec<&RowState> = rows.iter().map(|&b| &state[b]).collect();
-        let next = self.run_step(labels, Some(prev));
-        for (&b, s) in rows.iter().zip(next) {
-            state[b] = s;
+        // Row b of [old; new] is b's old state and row n + k the new state of rows[k]: one
+        // gather puts each utterance's state where it belongs.
+        let mut source: Vec<usize> = (0..n).collect();
+        for (k, &b) in rows.iter().enumerate() {
+            source[b] = n + k;
+        }
+        let source = self.indices(source);
+        let place = |old: Tensor<B, 2>, new: Tensor<B, 2>| {
+            Tensor::cat(vec![old, new], 0).select(0, source.clone())
+        };
+        state.pred = place(state.pred.clone(), pred);
+        for (s, new) in state.lstm.iter_mut().zip(next) {
+            *s = LstmState::new(
+                place(s.cell.clone(), new.cell),
+                place(s.hidden.clone(), new.hidden),
+            );
         }
     }
 }

@@ -6,6 +6,7 @@
 mod batches;
 mod device_inputs;
 mod fused_joint;
+mod greedy_device;
 mod mel;
 mod nemo;
 mod parallel;
