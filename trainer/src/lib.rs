@@ -16,6 +16,7 @@ mod cli;
 mod commands;
 mod config;
 mod data;
+pub mod device_failure;
 mod eval;
 mod model;
 pub mod nemo;
@@ -62,11 +63,12 @@ pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous,
 pub use train::fused::{joint_in_parts, JointInputs};
 pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
+pub use train::out_of_memory::{lattice_cells, suggest_max_batch_seconds};
 pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};
 pub use train::run::{
     run, run_cpu, run_cpu_ranks, run_ranks, ProcessGroup, RunOptions, RunSummary,
 };
-pub use train::{RankBatches, StepGradients, TrainError, Trainer};
+pub use train::{OutOfMemory, RankBatches, StepGradients, TrainError, Trainer};
 
 /// Runs one `asrt` command line; the binary maps the error to exit code 2.
 pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {

@@ -11,6 +11,7 @@ use burn::prelude::*;
 use serde::Serialize;
 
 use crate::checkpoint::{self, CheckpointError};
+use crate::device_failure::DeviceFailure;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
 use crate::tdt::greedy::{greedy_batch, GreedyOptions};
@@ -21,6 +22,26 @@ pub use error_rates::{edit_distance, ErrorRates};
 /// Why an evaluation could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
+    /// The device failed while decoding a batch.
+    #[error(
+        "decoding a batch of {utterances} utterances (the longest {longest_seconds:.2} s, \
+         {batch_seconds} s per batch): {failure}{}",
+        if matches!(failure, DeviceFailure::OutOfMemory { .. }) {
+            "; decode in smaller batches (asrt eval --batch-seconds)"
+        } else {
+            ""
+        }
+    )]
+    Device {
+        /// Utterances in the batch.
+        utterances: usize,
+        /// Its longest utterance, in seconds.
+        longest_seconds: f64,
+        /// The batch size in audio seconds.
+        batch_seconds: f64,
+        /// What the device reported.
+        failure: DeviceFailure,
+    },
     /// The corpus's tokenizer cannot detokenize.
     #[error("{0}")]
     Tokenizer(#[from] TokenizerError),
@@ -109,6 +130,7 @@ pub fn evaluate<B: Backend>(
     batch_seconds: f64,
     device: &B::Device,
 ) -> Result<Evaluation, EvalError> {
+    crate::device_failure::watch();
     let pieces = Pieces::parse(corpus.tokenizer_model())?;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
     let frontend = MelFrontend::<B>::new(&cfg.preprocessor, device);
@@ -140,6 +162,13 @@ pub fn evaluate<B: Backend>(
         let proj = model.joint.project_encoder(enc);
         let mut dec = BurnGreedy::new(model, proj, device);
         let hyps = greedy_batch(&mut dec, &enc_lens, &opts);
+        // A failed allocation leaves garbage behind without telling the caller.
+        crate::device_failure::check::<B>(device).map_err(|failure| EvalError::Device {
+            utterances: batch.len(),
+            longest_seconds: max as f64 / rate,
+            batch_seconds,
+            failure,
+        })?;
         for (&i, h) in batch.iter().zip(hyps) {
             let reference =
                 corpus.text(i).map_err(|source| EvalError::Text { index: i, source })?.1;

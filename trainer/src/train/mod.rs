@@ -22,6 +22,7 @@ pub mod collective;
 pub mod fused;
 pub mod grads;
 pub mod metrics;
+pub mod out_of_memory;
 pub mod parallel;
 pub mod run;
 
@@ -38,6 +39,7 @@ use crate::config::{ConfigError, TrainConfig};
 use crate::data::batcher::{Audio, LoaderError, PaddedBatch};
 use crate::data::sampler::PlanError;
 use crate::data::set::{SetError, TrainingSet};
+use crate::device_failure::DeviceFailure;
 use crate::eval::EvalError;
 use crate::model::augment::SpecAugmentDraws;
 use crate::model::mel::MelFrontend;
@@ -45,6 +47,7 @@ use crate::model::{ModelConfig, TdtModel};
 use crate::rng::{self, Stream};
 use crate::tdt::op::{TdtBackend, TdtLoss};
 use metrics::StepMetrics;
+pub use out_of_memory::OutOfMemory;
 
 /// Why training stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +130,17 @@ pub enum TrainError {
         /// Micro-batches per step.
         grad_accum: u32,
     },
+    /// The device had no memory for a micro-batch.
+    #[error("{0}")]
+    OutOfMemory(Box<OutOfMemory>),
+    /// The device reported a failure while running a micro-batch.
+    #[error("{during}: {failure}")]
+    Device {
+        /// What ran: "micro-batch 5 (step 2)", "the optimizer update of step 2".
+        during: String,
+        /// What the device reported.
+        failure: DeviceFailure,
+    },
     /// A batch in a form the trainer does not take (a bug in the caller).
     #[error("the trainer takes 16-bit audio batches")]
     BatchFormat,
@@ -198,6 +212,9 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub consecutive_skips: u64,
     /// How gradients travel between processes when the backend has its own way (NCCL).
     pub node_transport: Option<Box<dyn parallel::HostSum>>,
+    /// The largest lattice of a micro-batch that ran on this device
+    /// ([`out_of_memory::lattice_cells`]), for the out-of-memory report's suggestion.
+    largest_fit: Option<u128>,
 }
 
 /// A batch encoded up to the joint (see [`Trainer::encode_batch`]).
@@ -216,6 +233,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// A fresh model and optimizer for a vocabulary of `vocab` tokens.
     pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
         cfg.validate()?;
+        crate::device_failure::watch();
         let model =
             TdtModel::new(&cfg.model, vocab, rng::derive(cfg.train.seed, Stream::Init, 0), &device);
         let o = &cfg.optim;
@@ -240,6 +258,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             skipped: 0,
             consecutive_skips: 0,
             node_transport: None,
+            largest_fit: None,
         })
     }
 
@@ -307,6 +326,35 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         }
         let grads = loss.div_scalar(divisor).backward();
         Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))))
+    }
+
+    /// Waits for the device to finish micro-batch `slot` and turns what it reports into an error
+    /// naming the batch ([`crate::device_failure`]): without this a failed allocation would
+    /// leave garbage in the gradients.
+    fn check_device(&mut self, batch: &PaddedBatch, slot: u64) -> Result<(), TrainError> {
+        match crate::device_failure::check::<B>(&self.device) {
+            Ok(()) => {
+                let cells = out_of_memory::lattice_cells(batch);
+                self.largest_fit = Some(self.largest_fit.map_or(cells, |c| c.max(cells)));
+                Ok(())
+            }
+            Err(DeviceFailure::OutOfMemory { bytes }) => {
+                Err(TrainError::OutOfMemory(Box::new(OutOfMemory::new(
+                    batch,
+                    slot,
+                    self.step,
+                    self.cfg.model.preprocessor.sample_rate,
+                    bytes,
+                    self.cfg.sampler.max_batch_seconds,
+                    self.cfg.train.fused_batch_size,
+                    self.largest_fit,
+                ))))
+            }
+            Err(failure) => Err(TrainError::Device {
+                during: format!("micro-batch {slot} (step {})", self.step),
+                failure,
+            }),
+        }
     }
 
     /// The joint and loss over parts of `part` utterances ([`fused::joint_in_parts`]); one
@@ -381,6 +429,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
             crate::model::seed_backend::<B>(&self.device, seed);
             let result = self.micro_batch_gradients(batch, n)?;
+            self.check_device(batch, slot)?;
             self.micro += 1;
             audio_seconds += batch.seconds;
             utterances += batch.size() as u64;
@@ -486,6 +535,10 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers, node)?;
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
         let (lr, grad_norm, skipped) = self.apply(g);
+        crate::device_failure::check::<B>(&self.device).map_err(|failure| TrainError::Device {
+            during: format!("the optimizer update of step {}", self.step - 1),
+            failure,
+        })?;
         let (model, _) = parallel::sync_buffers(self.model.clone(), coll)?;
         self.model = model;
         self.micro = step.next_micro;

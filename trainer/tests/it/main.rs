@@ -9,6 +9,7 @@ mod fused_joint;
 mod greedy_device;
 mod mel;
 mod nemo;
+mod out_of_memory;
 mod parallel;
 mod parity;
 mod plan_cli;

@@ -1,0 +1,106 @@
+//! Failures that a CubeCL device (CUDA, wgpu) reports after the fact, turned into errors.
+//!
+//! Burn 0.21 runs each CubeCL device's server on its own thread. When a buffer cannot be
+//! allocated there (CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, or a size no memory pool accepts: wgpu's
+//! largest storage binding, 128 MiB on Mesa's lavapipe), that thread panics with CubeCL's
+//! `can't allocate buffer of size: N`, and the caller is not told: the operation's output is
+//! left unbound and reading it gives unrelated values. The error surfaces at the next
+//! [`Backend::sync`], as "the server is in an invalid state" without the cause.
+//!
+//! So the trainer and the evaluator [`check`] the device after each micro-batch (before its
+//! gradients are used) and after each decoded batch: a failed sync, or an allocation failure
+//! seen by the process-wide panic hook that [`watch`] installs, becomes a [`DeviceFailure`].
+//! On the CPU backend `sync` does nothing and no such panic happens, so the check is free.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+use burn::tensor::backend::Backend;
+
+/// CubeCL's message for a buffer it could not allocate (`IoError::BufferTooBig`).
+const ALLOCATION_FAILED: &str = "can't allocate buffer of size: ";
+
+/// Size of the last allocation that failed since it was taken, plus one (0: none).
+static FAILED_ALLOCATION: AtomicU64 = AtomicU64::new(0);
+
+/// What the device reported.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceFailure {
+    /// A buffer could not be allocated.
+    #[error("the device could not allocate a buffer of {}", bytes_text(*bytes))]
+    OutOfMemory {
+        /// The size asked for, in bytes.
+        bytes: u64,
+    },
+    /// Any other failure the device reported.
+    #[error("the device failed: {0}")]
+    Failed(String),
+}
+
+/// `bytes` with a binary unit.
+pub fn bytes_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= f64::from(1u32 << 30) {
+        format!("{:.2} GiB", b / f64::from(1u32 << 30))
+    } else {
+        format!("{:.1} MiB", b / f64::from(1u32 << 20))
+    }
+}
+
+/// The size in a panic message of CubeCL's failed allocation, if it is one.
+pub fn failed_allocation(message: &str) -> Option<u64> {
+    let at = message.find(ALLOCATION_FAILED)? + ALLOCATION_FAILED.len();
+    let digits: String = message[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Installs (once per process) a panic hook that records CubeCL's allocation failures, on any
+/// thread. The first failure since the last [`check`] is announced in one line (one failed
+/// allocation is followed by many more as the queued work goes on); other panics go to the hook
+/// that was there.
+pub fn watch() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| match failed_allocation(&info.to_string()) {
+            Some(bytes) => {
+                let before = FAILED_ALLOCATION.swap(bytes.saturating_add(1), Ordering::SeqCst);
+                if before == 0 {
+                    eprintln!(
+                        "the device could not allocate a buffer of {}: results that depend on it \
+                             are wrong, and are discarded at the next check",
+                        bytes_text(bytes)
+                    );
+                }
+            }
+            None => previous(info),
+        }));
+    });
+}
+
+/// Waits for `device` to finish its queued work and reports what failed since the last check.
+/// An allocation failure is reported as such even when the sync itself succeeds.
+pub fn check<B: Backend>(device: &B::Device) -> Result<(), DeviceFailure> {
+    let synced = B::sync(device);
+    let failed = FAILED_ALLOCATION.swap(0, Ordering::SeqCst);
+    if failed > 0 {
+        return Err(DeviceFailure::OutOfMemory { bytes: failed - 1 });
+    }
+    synced.map_err(|e| DeviceFailure::Failed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_size_of_a_failed_allocation() {
+        let m = "panicked at server.rs:270:43:\ncalled `Result::unwrap()` on an `Err` value: \
+                 can't allocate buffer of size: 1073741824\nNo backtrace available";
+        assert_eq!(failed_allocation(m), Some(1 << 30));
+        assert_eq!(failed_allocation("index out of bounds"), None);
+        assert_eq!(failed_allocation("can't allocate buffer of size: "), None);
+        assert_eq!(bytes_text(3 << 29), "1.50 GiB");
+        assert_eq!(bytes_text(5 << 19), "2.5 MiB");
+    }
+}
