@@ -106,8 +106,8 @@ impl<B: Backend> TdtDecoderModel for BurnGreedy<'_, B> {
         let (out, next) =
             self.model.prediction.step(self.indices(labels.iter().copied()), Some(prev));
         let pred = self.model.joint.project_prediction(out);
-        if rows.len() == n {
-            // Every utterance emitted (rows are in ascending order): the new state is whole.
+        if rows.len() == n && rows.iter().enumerate().all(|(k, &b)| k == b) {
+            // Every utterance emitted, in order: the new state is whole.
             *state = DeviceState { pred, lstm: next };
             return;
         }
