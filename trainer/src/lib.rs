@@ -63,7 +63,7 @@ pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous,
 pub use train::fused::{joint_in_parts, JointInputs};
 pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
-pub use train::out_of_memory::{lattice_cells, suggest_max_batch_seconds};
+pub use train::out_of_memory::lattice_cells;
 pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};
 pub use train::run::{
     run, run_cpu, run_cpu_ranks, run_ranks, ProcessGroup, RunOptions, RunSummary,

@@ -374,9 +374,9 @@ fn tdt_memory<B: asr_trainer::tdt::op::TdtBackend>(
     let (_, _, _, peak) = memory();
     Ok(json!({
         "bench": "tdt-memory", "backend": name, "shape": shape, "logits_mib": logits_mib,
-        "rss_before_mib": rss0, "peak_rss_mib": peak,
-        "peak_growth_mib": (peak - rss0).max(peak_z - rss0),
-        "peak_growth_over_logits": (peak - rss0).max(peak_z - rss0) / logits_mib,
+        "rss_before_mib": rss0, "peak_rss_mib": peak.max(peak_z),
+        "peak_growth_mib": peak.max(peak_z) - rss0,
+        "peak_growth_over_logits": (peak.max(peak_z) - rss0) / logits_mib,
         "intermediate_peak_growth_mib": peak_z - rss0,
         "loss_peak_growth_mib": peak - rss_z,
         "loss_peak_growth_over_logits": (peak - rss_z) / logits_mib,

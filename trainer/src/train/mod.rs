@@ -338,18 +338,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 self.largest_fit = Some(self.largest_fit.map_or(cells, |c| c.max(cells)));
                 Ok(())
             }
-            Err(DeviceFailure::OutOfMemory { bytes }) => {
-                Err(TrainError::OutOfMemory(Box::new(OutOfMemory::new(
-                    batch,
-                    slot,
-                    self.step,
-                    self.cfg.model.preprocessor.sample_rate,
-                    bytes,
-                    self.cfg.sampler.max_batch_seconds,
-                    self.cfg.train.fused_batch_size,
-                    self.largest_fit,
-                ))))
-            }
+            Err(DeviceFailure::OutOfMemory { bytes }) => Err(TrainError::OutOfMemory(Box::new(
+                OutOfMemory::new(batch, slot, self.step, bytes, &self.cfg, self.largest_fit),
+            ))),
             Err(failure) => Err(TrainError::Device {
                 during: format!("micro-batch {slot} (step {})", self.step),
                 failure,

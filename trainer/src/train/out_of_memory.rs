@@ -9,6 +9,7 @@
 //! the current value by (largest lattice that fit on this device) / (this lattice), less 10 %
 //! for the encoder and fragmentation; with no micro-batch fitted yet it halves the value.
 
+use crate::config::TrainConfig;
 use crate::data::batcher::PaddedBatch;
 use crate::device_failure::bytes_text;
 
@@ -57,18 +58,18 @@ pub struct OutOfMemory {
 }
 
 impl OutOfMemory {
-    /// The report of `batch`, micro-batch `micro_batch` of step `step`, at `sample_rate`.
-    #[allow(clippy::too_many_arguments)]
+    /// The report of `batch`, micro-batch `micro_batch` of step `step` of a run configured by
+    /// `cfg`, after an allocation of `bytes` failed.
     pub fn new(
         batch: &PaddedBatch,
         micro_batch: u64,
         step: u64,
-        sample_rate: u32,
         bytes: u64,
-        max_batch_seconds: f64,
-        fused_batch_size: usize,
+        cfg: &TrainConfig,
         largest_fit: Option<u128>,
     ) -> Self {
+        let sample_rate = cfg.model.preprocessor.sample_rate;
+        let max_batch_seconds = cfg.sampler.max_batch_seconds;
         let cells = lattice_cells(batch);
         let longest = batch.audio_lens.iter().copied().max().unwrap_or(0);
         OutOfMemory {
@@ -81,7 +82,7 @@ impl OutOfMemory {
             audio_seconds: batch.seconds,
             bytes,
             max_batch_seconds,
-            fused_batch_size,
+            fused_batch_size: cfg.train.fused_batch_size,
             over_largest_fit: largest_fit.map(|fit| cells as f64 / fit.max(1) as f64),
             suggested: suggest_max_batch_seconds(max_batch_seconds, cells, largest_fit),
         }
