@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use asr_compiler::{compile, CompileOptions as Options, Input};
 use asr_corpus::Corpus;
 use asr_trainer::checkpoint::{cpu_parameters, latest, load_state};
-use asr_trainer::evaluate_checkpoint_cpu;
+use asr_trainer::evaluate_model_cpu;
 use asr_trainer::{run_cpu, RunOptions};
 use asr_trainer::{DataSpec, TrainConfig};
 
@@ -100,7 +100,7 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
 
     // Evaluation decodes every utterance; the overall figures are the sums of the languages'.
     let c = Corpus::open(&corpus).unwrap();
-    let e = evaluate_checkpoint_cpu(&ca, &c, None, 60.0).unwrap();
+    let e = evaluate_model_cpu(&ca, &c, None, 60.0).unwrap();
     assert_eq!(e.utterances.len(), c.len());
     let words: u64 = e.languages.values().map(|r| r.words).sum();
     assert_eq!(words, e.overall.words);
@@ -196,8 +196,7 @@ fn tiny_model_overfits_five_utterances() {
         .filter_map(|m| m.validation.as_ref().and_then(|v| v["cer"].as_f64()))
         .collect();
     assert_eq!(validated.len(), 3, "validation at steps 100, 200, 300");
-    let e = evaluate_checkpoint_cpu(&latest(&out.join("checkpoints")).unwrap(), &c, None, 60.0)
-        .unwrap();
+    let e = evaluate_model_cpu(&latest(&out.join("checkpoints")).unwrap(), &c, None, 60.0).unwrap();
     for u in &e.utterances {
         eprintln!("{}: {:?} -> {:?}", u.language, u.reference, u.hypothesis);
     }
@@ -228,7 +227,7 @@ fn fine_tunes_a_nemo_model_and_exports_it_back() {
     assert!(serde_json::to_string(&c.metadata().compile).unwrap().contains("tiny-tdt.nemo"));
 
     // The imported model decodes the corpus as it is.
-    let e = evaluate_checkpoint_cpu(&fixture, &c, Some(4), 60.0).unwrap();
+    let e = evaluate_model_cpu(&fixture, &c, Some(4), 60.0).unwrap();
     assert_eq!(e.utterances.len(), 4);
 
     let mut cfg = config(

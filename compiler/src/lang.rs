@@ -143,7 +143,7 @@ pub fn dominant_script(text: &str) -> Option<(Script, f64)> {
 }
 
 /// How a retag decision was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Method {
     /// The script belongs to one language.

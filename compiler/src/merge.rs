@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use asr_corpus::{Corpus, FormatError, WriteError, WriterOptions};
 
+use crate::compile::report::{Reason, Summary};
 use crate::dedup::Deduper;
 use crate::records::{create_writer, for_each_record, utterance};
 
@@ -150,7 +151,7 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
                 message: e.to_string(),
             })
         };
-        let summary: serde_json::Value =
+        let summary: Summary =
             serde_json::from_str(&read(&json)?).map_err(|e| MergeError::Report {
                 action: "reading the part's report",
                 path: json.clone(),
@@ -168,7 +169,7 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
     let mut writer = create_writer(output, wopts).map_err(output_err)?;
     let mut summary = MergeSummary { parts: n, ..Default::default() };
     let mut dedup = Deduper::new();
-    let mut dropped_hours: Vec<(String, f64)> = Vec::new();
+    let mut dropped_hours: Vec<(Reason, String, f64)> = Vec::new();
     let mut drop_entries = String::new();
     for (part, path, c) in &opened {
         let input_err = |source| MergeError::Input { path: (*path).clone(), source };
@@ -182,7 +183,7 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
             {
                 let detail = dup.detail();
                 let hours = f64::from(samples) / f64::from(c.header().sample_rate) / 3600.0;
-                dropped_hours.push((c.language_code(i).to_owned(), hours));
+                dropped_hours.push((dup.reason(), c.language_code(i).to_owned(), hours));
                 let entry = serde_json::json!({
                     "segment_id": record.segment_id,
                     "kind": "dropped",
@@ -206,49 +207,29 @@ pub fn merge(parts: &[PathBuf], output: &Path) -> Result<MergeSummary, MergeErro
     Ok(summary)
 }
 
-/// The merged `<output>.report.json` and `.report.jsonl`.
+/// The merged `<output>.report.json` and `.report.jsonl`: the parts' summaries added up
+/// ([`Summary::add`]), less the rows dropped here as duplicates of an earlier part's audio.
 fn write_report(
     output: &Path,
-    reports: &[(serde_json::Value, String)],
+    reports: &[(Summary, String)],
     summary: &MergeSummary,
-    dropped_hours: &[(String, f64)],
+    dropped: &[(Reason, String, f64)],
     drop_entries: &str,
 ) -> Result<(), MergeError> {
-    use serde_json::Value;
     let (json_path, jsonl_path) = crate::compile::report_paths(output);
-    let mut merged = Value::Null;
-    for (r, _) in reports {
-        merged = if merged.is_null() { r.clone() } else { sum(&merged, r) };
+    let mut merged = reports.first().map(|r| r.0.clone()).unwrap_or_default();
+    for (r, _) in reports.iter().skip(1) {
+        merged.add(r);
     }
-    let d = summary.duplicate_audio.len() as f64;
-    let add = |v: &mut Value, key: &str, x: f64| {
-        let now = v.get(key).and_then(Value::as_f64).unwrap_or(0.0);
-        v[key] = number(now + x);
-    };
-    add(&mut merged, "kept", -d);
-    add(&mut merged, "dropped", d);
-    if !merged["dropped_by_reason"].is_object() {
-        merged["dropped_by_reason"] = Value::Object(Default::default());
+    for (reason, language, hours) in dropped {
+        merged.drop_kept(*reason, language, *hours);
     }
-    if d > 0.0 {
-        add(&mut merged["dropped_by_reason"], "duplicate_audio", d);
-    }
-    for (lang, h) in dropped_hours {
-        add(&mut merged["hours_after"], lang, -h);
-    }
-    // What does not add up across parts: the merged file's own, the first part's input, the
-    // jobs of one part; the real-time factors over the summed wall time.
-    merged["output"] = output.display().to_string().into();
-    merged["entries_file"] = jsonl_path.display().to_string().into();
-    merged["corpus_bytes"] = summary.bytes.into();
-    merged["input"] = reports.first().map_or(Value::Null, |r| r.0["input"].clone());
-    merged["jobs"] = reports.first().map_or(Value::Null, |r| r.0["jobs"].clone());
-    let wall = merged["wall_seconds"].as_f64().unwrap_or(0.0);
-    let audio = merged["decoded_hours"].as_f64().unwrap_or(0.0) * 3600.0;
-    let jobs = merged["jobs"].as_f64().unwrap_or(1.0).max(1.0);
-    merged["realtime_factor"] = number(audio / wall.max(1e-9));
-    merged["realtime_factor_per_job"] = number(audio / wall.max(1e-9) / jobs);
-    merged["parts"] = (reports.len() as u64).into();
+    // The merged file's own.
+    merged.output = output.display().to_string();
+    merged.entries_file = jsonl_path.display().to_string();
+    merged.corpus_bytes = summary.bytes;
+    merged.parts = Some(reports.len() as u32);
+    merged.set_realtime_factors();
     let write = |p: &Path, text: &str| {
         std::fs::write(p, text).map_err(|e| MergeError::Report {
             action: "writing the merged report",
@@ -259,42 +240,12 @@ fn write_report(
     let mut lines: String = reports.iter().map(|r| r.1.as_str()).collect();
     lines.push_str(drop_entries);
     write(&jsonl_path, &lines)?;
-    let text = serde_json::to_string_pretty(&merged)
-        .expect("a JSON value built from parsed JSON serializes");
+    let text = serde_json::to_string_pretty(&merged).map_err(|e| MergeError::Report {
+        action: "encoding the merged report",
+        path: json_path.clone(),
+        message: e.to_string(),
+    })?;
     write(&json_path, &(text + "\n"))
-}
-
-/// `a + b` member by member: numbers added (integers stay integers), objects merged, anything
-/// else taken from `a`.
-fn sum(a: &serde_json::Value, b: &serde_json::Value) -> serde_json::Value {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => match (x.as_u64(), y.as_u64()) {
-            (Some(x), Some(y)) => (x + y).into(),
-            _ => number(x.as_f64().unwrap_or(0.0) + y.as_f64().unwrap_or(0.0)),
-        },
-        (Value::Object(x), Value::Object(y)) => {
-            let mut out = x.clone();
-            for (k, v) in y {
-                let merged = match x.get(k) {
-                    Some(w) => sum(w, v),
-                    None => v.clone(),
-                };
-                out.insert(k.clone(), merged);
-            }
-            Value::Object(out)
-        }
-        _ => a.clone(),
-    }
-}
-
-/// A JSON number: an integer when `x` is a whole non-negative number, else a float.
-fn number(x: f64) -> serde_json::Value {
-    if x >= 0.0 && x.fract() == 0.0 && x < 9.0e15 {
-        (x as u64).into()
-    } else {
-        serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
-    }
 }
 
 /// `(I, N)` from a part's `metadata.compile.part` ("I/N").

@@ -3,7 +3,7 @@
 
 use std::cmp::Ordering;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What happened to a row that the report lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -23,7 +23,7 @@ macro_rules! reasons {
     ($($(#[doc = $doc:literal])+ $variant:ident = $name:literal, $kind:ident;)+) => {
         /// Why a row is in the report. Serialized (and counted in the summary) by its
         /// [`name`](Reason::name); ordered by name, as the report lists its counts.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum Reason {
             $($(#[doc = $doc])+ $variant,)+

@@ -115,6 +115,23 @@ const WORDS: [&str; 12] = [
 ];
 
 impl SynthSpec {
+    /// Writes utterances `0..n` as a corpus at `path`, tokenized (as the header records it) by
+    /// a SentencePiece model whose bytes are `model`.
+    pub fn write_corpus(
+        &self,
+        path: &std::path::Path,
+        n: u64,
+        model: &[u8],
+    ) -> Result<(), crate::WriteError> {
+        let opts = crate::WriterOptions::new(self.vocab_size, "sentencepiece", model.to_vec());
+        let mut w = crate::CorpusWriter::create(path, opts)?;
+        for i in 0..n {
+            w.push(&self.utterance(i).as_input())?;
+        }
+        w.finish()?;
+        Ok(())
+    }
+
     /// Utterance `index` of the corpus this spec describes.
     pub fn utterance(&self, index: u64) -> SynthUtterance {
         let mut rng = SplitMix64::new(self.seed ^ index.wrapping_mul(0xA076_1D64_78BD_642F));

@@ -10,9 +10,9 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Record, Recorder
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
-use crate::data::sampler::SamplerState;
-use crate::data::set::CorpusIdentity;
 use crate::model::TdtModel;
+use asr_plan::sampler::SamplerState;
+use asr_plan::set::CorpusIdentity;
 
 /// Everything besides tensors that a resume needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,8 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueHint};
 
-use crate::data::sampler::{SamplerConfig, SamplerMode, DEFAULT_BOUNDARIES};
-use crate::data::shape::ShapePolicy;
+use crate::device::DeviceArgs;
+
+use asr_plan::sampler::{SamplerConfig, SamplerMode, DEFAULT_BOUNDARIES};
+use asr_plan::shape::ShapePolicy;
 
 /// Plan, feed and train ASR models from corpus files.
 #[derive(Debug, Parser)]
@@ -151,18 +153,13 @@ pub struct TrainArgs {
     /// train.val_utterances utterances); WER and CER go into the metrics line.
     #[arg(long, value_name = "CORPUS", value_hint = ValueHint::FilePath)]
     pub val_corpus: Option<PathBuf>,
-    /// `cpu`, `cuda:N` (needs a build with --features cuda) or `wgpu` (the default adapter:
-    /// a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
-    #[arg(long, default_value = "cpu", conflicts_with = "devices")]
-    pub device: String,
-    /// Data-parallel: one rank per listed device of this process (`cpu,cpu` or
-    /// `cuda:0,cuda:1,...`); with RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS) and
-    /// MASTER_ADDR/MASTER_PORT set, this process is one of several (one per node).
-    #[arg(long, value_name = "LIST")]
-    pub devices: Option<String>,
-    /// Start from these weights: a `.nemo` file or a directory written by `asrt import`. The
-    /// model configuration is the model's (the config file's [model] section is replaced); the
-    /// corpora must be compiled with its tokenizer.
+    /// Where to run.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Start from these weights: a `.nemo` file, a directory written by `asrt import`, or a
+    /// training checkpoint. The model configuration is the model's (the config file's [model]
+    /// section is replaced) and so are the loss options the config file does not set; the
+    /// corpora must be compiled with its tokenizer (checked by hash and size).
     #[arg(long, value_name = "MODEL", value_hint = ValueHint::AnyPath)]
     pub init: Option<PathBuf>,
     /// With --init MODEL.nemo: import even when state-dict keys map to no parameter.
@@ -192,10 +189,9 @@ pub struct EvalArgs {
     /// Print JSON (rates per language, overall, and every utterance's texts).
     #[arg(long)]
     pub json: bool,
-    /// `cpu`, `cuda:N` (needs a build with --features cuda) or `wgpu` (the default adapter:
-    /// a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Where to decode (one device).
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Options of the epoch plan, shared by every command that plans.

@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::sampler::SamplerConfig;
-use crate::data::set::DataSpec;
-use crate::data::shape::ShapePolicy;
+use crate::model::config::ModelConfigError;
 use crate::model::ModelConfig;
-use crate::tdt::{TdtError, TdtOptions};
+use asr_plan::sampler::SamplerConfig;
+use asr_plan::set::DataSpec;
+use asr_plan::shape::{ShapeError, ShapePolicy};
+use asr_tdt::{TdtError, TdtOptions};
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +54,42 @@ pub enum ConfigError {
     /// The loss options are out of range.
     #[error("loss: {0}")]
     Loss(#[from] TdtError),
-    /// Values that do not fit together (the message names them).
-    #[error("{0}")]
-    Invalid(String),
+    /// The model's sizes do not fit together.
+    #[error("model: {0}")]
+    Model(#[from] ModelConfigError),
+    /// The shape policy is out of range.
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    /// The loss and the model disagree on the duration set.
+    #[error("loss.durations {loss:?} must equal model.durations {model:?}")]
+    Durations {
+        /// `loss.durations`.
+        loss: Vec<usize>,
+        /// `model.durations`.
+        model: Vec<usize>,
+    },
+    /// A step count that must be at least 1 is 0.
+    #[error("train.{key} must be at least 1")]
+    ZeroCount {
+        /// `grad_accum` or `max_steps`.
+        key: &'static str,
+    },
+    /// A `[[data]]` entry names no file.
+    #[error("data[{index}]: path is empty")]
+    EmptyDataPath {
+        /// The entry's position in the list.
+        index: usize,
+    },
+    /// A `[[data]]` entry's weight is not a positive number.
+    #[error("data[{index}] ({}): weight {weight} must be a positive number", path.display())]
+    DataWeight {
+        /// The entry's position in the list.
+        index: usize,
+        /// Its corpus.
+        path: PathBuf,
+        /// The weight given.
+        weight: f64,
+    },
 }
 
 /// Optimizer and learning-rate schedule.
@@ -258,12 +292,30 @@ impl TrainConfig {
     /// Parses a TOML config: `preset` chooses the base model, every other key overrides it.
     /// Unknown keys are errors (naming the key).
     pub fn from_toml(text: &str) -> Result<TrainConfig, ConfigError> {
+        TrainConfig::from_toml_with(text, None)
+    }
+
+    /// [`TrainConfig::from_toml`] for a run that starts from a trained model (`--init`): the
+    /// model is `start`'s whatever the text says, and `start`'s loss options are the base that
+    /// the text's `[loss]` keys override (so sigma, omega and the rest carry over unless set).
+    pub fn from_toml_with(
+        text: &str,
+        start: Option<(&ModelConfig, &TdtOptions)>,
+    ) -> Result<TrainConfig, ConfigError> {
         let over: toml::Value = toml::from_str(text)?;
         let preset = over.get("preset").and_then(|p| p.as_str()).unwrap_or("tiny").to_owned();
-        let base = TrainConfig::for_preset(&preset).ok_or(ConfigError::UnknownPreset(preset))?;
+        let mut base =
+            TrainConfig::for_preset(&preset).ok_or(ConfigError::UnknownPreset(preset))?;
+        if let Some((model, loss)) = start {
+            base.model = model.clone();
+            base.loss = loss.clone();
+        }
         let mut value = toml::Value::try_from(&base)?;
         merge(&mut value, over);
         let mut cfg: TrainConfig = value.try_into()?;
+        if let Some((model, _)) = start {
+            cfg.model = model.clone();
+        }
         cfg.loss.durations = cfg.model.durations.clone();
         cfg.validate()?;
         Ok(cfg)
@@ -272,9 +324,18 @@ impl TrainConfig {
     /// Reads a TOML config file ([`TrainConfig::from_toml`]); errors name the file. Relative
     /// `[[data]]` paths are taken relative to the file's directory.
     pub fn from_file(path: &Path) -> Result<TrainConfig, ConfigError> {
+        TrainConfig::from_file_with(path, None)
+    }
+
+    /// [`TrainConfig::from_file`] for a run that starts from a trained model
+    /// ([`TrainConfig::from_toml_with`]).
+    pub fn from_file_with(
+        path: &Path,
+        start: Option<(&ModelConfig, &TdtOptions)>,
+    ) -> Result<TrainConfig, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        let mut cfg = TrainConfig::from_toml(&text)
+        let mut cfg = TrainConfig::from_toml_with(&text, start)
             .map_err(|e| ConfigError::InFile { path: path.to_owned(), source: Box::new(e) })?;
         let dir = path.parent().unwrap_or(Path::new(""));
         for d in &mut cfg.data {
@@ -290,24 +351,28 @@ impl TrainConfig {
         self.model.validate()?;
         self.loss.validate()?;
         if self.loss.durations != self.model.durations {
-            return Err(ConfigError::Invalid("loss.durations must equal model.durations".into()));
+            return Err(ConfigError::Durations {
+                loss: self.loss.durations.clone(),
+                model: self.model.durations.clone(),
+            });
         }
-        if self.train.grad_accum == 0 || self.train.max_steps == 0 {
-            return Err(ConfigError::Invalid(
-                "train.grad_accum and train.max_steps must be at least 1".into(),
-            ));
+        if self.train.grad_accum == 0 {
+            return Err(ConfigError::ZeroCount { key: "grad_accum" });
+        }
+        if self.train.max_steps == 0 {
+            return Err(ConfigError::ZeroCount { key: "max_steps" });
         }
         self.shape.validate()?;
         for (k, d) in self.data.iter().enumerate() {
             if d.path.as_os_str().is_empty() {
-                return Err(ConfigError::Invalid(format!("data[{k}]: path is empty")));
+                return Err(ConfigError::EmptyDataPath { index: k });
             }
             if !(d.weight.is_finite() && d.weight > 0.0) {
-                return Err(ConfigError::Invalid(format!(
-                    "data[{k}] ({}): weight {} must be a positive number",
-                    d.path.display(),
-                    d.weight
-                )));
+                return Err(ConfigError::DataWeight {
+                    index: k,
+                    path: d.path.clone(),
+                    weight: d.weight,
+                });
             }
         }
         Ok(())
@@ -337,7 +402,53 @@ mod tests {
         assert_eq!(tiny.sampler.max_batch_seconds, 8.0);
         let shaped = TrainConfig::from_toml("[shape]\naudio_quantum_seconds = 0.5\n").unwrap();
         assert_eq!(shaped.shape.audio_quantum_seconds, 0.5);
-        assert!(TrainConfig::from_toml("[shape]\naudio_quantum_seconds = -1.0\n").is_err());
+        assert!(matches!(
+            TrainConfig::from_toml("[shape]\naudio_quantum_seconds = -1.0\n"),
+            Err(ConfigError::Shape(ShapeError::AudioQuantum(q))) if q == -1.0
+        ));
+    }
+
+    /// `--init`: the model is the initial model's whatever the file says; its loss options are
+    /// the base the file's `[loss]` keys override (sigma and omega used to be dropped).
+    #[test]
+    fn a_run_from_a_model_keeps_its_model_and_loss_options_unless_set() {
+        let mut model = ModelConfig::tiny();
+        model.encoder.n_layers = 3;
+        let loss = TdtOptions { sigma: 0.05, omega: 0.25, ..TdtOptions::default() };
+        let c = TrainConfig::from_toml_with("", Some((&model, &loss))).unwrap();
+        assert_eq!((c.model.encoder.n_layers, c.loss.sigma, c.loss.omega), (3, 0.05, 0.25));
+        let c = TrainConfig::from_toml_with(
+            "[model.encoder]\nn_layers = 9\n[loss]\nomega = 0.0\n",
+            Some((&model, &loss)),
+        )
+        .unwrap();
+        assert_eq!(c.model, model, "the initial model's configuration wins");
+        assert_eq!((c.loss.sigma, c.loss.omega), (0.05, 0.0), "a [loss] key overrides");
+        let plain = TrainConfig::from_toml("").unwrap();
+        assert_eq!(plain.loss.sigma, TdtOptions::default().sigma);
+    }
+
+    #[test]
+    fn values_that_do_not_fit_together_are_named_by_variant() {
+        let mut c = TrainConfig::from_toml("").unwrap();
+        c.loss.durations = vec![0, 1, 2];
+        let e = c.validate().unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Durations { loss, model } if loss == &[0, 1, 2] && model.len() == 5),
+            "{e}"
+        );
+        let e = TrainConfig::from_toml("[train]\ngrad_accum = 0\n").unwrap_err();
+        assert!(matches!(e, ConfigError::ZeroCount { key: "grad_accum" }), "{e}");
+        let e = TrainConfig::from_toml("[train]\nmax_steps = 0\n").unwrap_err();
+        assert!(matches!(e, ConfigError::ZeroCount { key: "max_steps" }), "{e}");
+        let e = TrainConfig::from_toml("[model.encoder]\nconv_kernel_size = 8\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Model(ModelConfigError::EvenConvKernel(8))), "{e}");
+        let e = TrainConfig::from_toml("[[data]]\npath = \"a.asrcorpus\"\nweight = -2.0\n")
+            .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::DataWeight { index: 0, weight, .. } if weight == -2.0),
+            "{e}"
+        );
     }
 
     #[test]

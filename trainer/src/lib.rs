@@ -3,10 +3,11 @@
 //! models.
 //!
 //! The public surface is this page: the command line (`Cli`, [`run_command`]), configuration,
-//! the batch plan and loader, the model, training, checkpoints, evaluation, and the TDT loss
-//! library ([`tdt`]). Everything else is internal and may change without notice.
-// Only `allocator` (mimalloc's C option API) and `tdt::cube` (CubeCL's unchecked kernel launches)
-// may use `unsafe`, and say why at each use.
+//! the batch plan and loader (re-exported from `asr-plan`), the model, training, checkpoints and
+//! evaluation. The TDT loss is the `asr-tdt` crate. Everything else is internal and may change
+//! without notice.
+// Only `allocator` (mimalloc's C option API) may use `unsafe` here (asr-tdt's `cube` is the other
+// place: CubeCL's unchecked kernel launches), and says why at each use.
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]
@@ -15,13 +16,12 @@ pub mod checkpoint;
 mod cli;
 mod commands;
 mod config;
-mod data;
+pub mod device;
 pub mod device_failure;
 mod eval;
 mod model;
+pub mod model_source;
 pub mod nemo;
-pub mod rng;
-pub mod tdt;
 mod tokenizer;
 mod train;
 
@@ -32,32 +32,37 @@ pub use cli::{Cli, Command, EvalArgs, ExportArgs, ImportArgs, PlanArgs, SamplerA
 // Configuration.
 pub use config::{ConfigError, LoopConfig, OptimConfig, TrainConfig};
 // The batch plan, its report, and the loader.
-pub use data::batcher::{
+pub use asr_plan::batcher::{
     assemble, Audio, AudioFormat, LoadedStep, Loader, LoaderConfig, LoaderError, MicroBatch,
     PaddedBatch, Steps,
 };
-pub use data::report::{report, GroupReport, LanguageReport, PlanReport, ReportInput};
-pub use data::sampler::{
+pub use asr_plan::report::{report, GroupReport, LanguageReport, PlanReport, ReportInput};
+pub use asr_plan::sampler::{
     epoch_draws, epoch_draws_mixed, quota_cells, target_shares, Cell, Durations, EpochPlan, Mix,
     PlanError, SamplerConfig, SamplerMode, SamplerState, DEFAULT_BOUNDARIES, IDLE,
 };
-pub use data::set::{
+pub use asr_plan::set::{
     resolve_specs, CorpusIdentity, DataSpec, SetError, TrainingSet, UtteranceSource,
 };
-pub use data::shape::ShapePolicy;
-pub use data::synthetic::lognormal_zipf;
+pub use asr_plan::shape::ShapePolicy;
+pub use asr_plan::synthetic::lognormal_zipf;
 // Evaluation.
 pub use eval::{
-    edit_distance, evaluate, evaluate_checkpoint, evaluate_checkpoint_cpu, Decoded, ErrorRates,
-    EvalError, Evaluation,
+    edit_distance, evaluate, evaluate_source, Decoded, ErrorRates, EvalError, Evaluation,
 };
 // The model.
 pub use model::augment::SpecAugmentDraws;
-pub use model::config::{PreprocessorConfig, SpecAugmentConfig};
+pub use model::config::{ModelConfigError, PreprocessorConfig, SpecAugmentConfig};
 pub use model::decoder::Joint;
+pub use model::greedy::{BurnGreedy, DeviceState};
 pub use model::mel::{unpack_pcm, MelFrontend};
 pub use model::{ModelConfig, TdtModel};
 pub use tokenizer::{Pieces, TokenizerError};
+// Where work runs: devices, the backend dispatcher, the CPU entry points.
+pub use device::{
+    dispatch, evaluate_model_cpu, run_cpu, run_cpu_ranks, Device, DeviceArgs, DeviceError, Devices,
+    EvalOn, OnBackend, RunOn,
+};
 // Training.
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 pub use train::fused::{joint_in_parts, JointInputs};
@@ -65,9 +70,7 @@ pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
 pub use train::out_of_memory::lattice_cells;
 pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};
-pub use train::run::{
-    run, run_cpu, run_cpu_ranks, run_ranks, ProcessGroup, RunOptions, RunSummary,
-};
+pub use train::run::{run, run_ranks, ProcessGroup, RunOptions, RunSummary};
 pub use train::{OutOfMemory, RankBatches, StepGradients, TrainError, Trainer};
 
 /// Runs one `asrt` command line; the binary maps the error to exit code 2.

@@ -16,23 +16,7 @@ use std::ptr;
 
 use libflac_sys as ffi;
 
-use super::decode::{check_length, Reject};
-
-/// Interleaved integer samples as the stream stores them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pcm {
-    /// Interleaved samples, `channels` per frame, at the stream's bit depth (sign-extended).
-    pub samples: Vec<i32>,
-    /// Sample rate in Hz.
-    pub rate: u32,
-    /// Channels.
-    pub channels: u32,
-    /// Bits per sample.
-    pub bits: u32,
-    /// Whether libFLAC compared the samples with STREAMINFO's MD5 (false when the MD5 is zero:
-    /// the encoder did not record one).
-    pub md5_checked: bool,
-}
+use super::pcm::{check_length, Pcm, Reject};
 
 /// The stream's format as STREAMINFO gives it.
 #[derive(Debug, Clone, Copy)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::lang::Method;
 use crate::manifest::ManifestRow;
@@ -64,7 +64,7 @@ impl Entry {
 }
 
 /// CPU seconds spent in each stage, summed over worker threads.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageSeconds {
     /// Reading the manifest or shard tables.
     pub read_input: f64,
@@ -82,8 +82,8 @@ pub struct StageSeconds {
     pub write: f64,
 }
 
-/// The JSON summary.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// The JSON summary (`<corpus>.report.json`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// The input, as given.
     pub input: String,
@@ -127,6 +127,9 @@ pub struct Summary {
     pub stage_seconds: StageSeconds,
     /// The JSON-lines file listing every dropped, retagged or flagged row.
     pub entries_file: String,
+    /// Parts merged into this corpus (`asrc merge`); absent for one compile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<u32>,
 }
 
 impl Summary {
@@ -137,6 +140,59 @@ impl Summary {
         } else {
             self.dropped as f64 / self.rows as f64
         }
+    }
+
+    /// Adds another compile's counts, hours and times to these (`asrc merge` sums its parts'
+    /// reports this way). What does not add up is kept from `self`: the input, the output and
+    /// its entries file, the corpus size and the worker count; the real-time factors are
+    /// recomputed over the summed wall time.
+    pub fn add(&mut self, other: &Summary) {
+        fn add_map<K: Ord + Clone, V: Copy + std::ops::AddAssign + Default>(
+            a: &mut BTreeMap<K, V>,
+            b: &BTreeMap<K, V>,
+        ) {
+            for (k, v) in b {
+                *a.entry(k.clone()).or_default() += *v;
+            }
+        }
+        self.rows += other.rows;
+        self.kept += other.kept;
+        self.dropped += other.dropped;
+        add_map(&mut self.dropped_by_reason, &other.dropped_by_reason);
+        add_map(&mut self.flagged_by_reason, &other.flagged_by_reason);
+        self.retagged += other.retagged;
+        add_map(&mut self.retags, &other.retags);
+        add_map(&mut self.retags_by_method, &other.retags_by_method);
+        self.truncated += other.truncated;
+        add_map(&mut self.hours_before, &other.hours_before);
+        add_map(&mut self.hours_after, &other.hours_after);
+        self.decoded_hours += other.decoded_hours;
+        self.wall_seconds += other.wall_seconds;
+        let (s, o) = (&mut self.stage_seconds, &other.stage_seconds);
+        s.read_input += o.read_input;
+        s.text_and_language += o.text_and_language;
+        s.decode += o.decode;
+        s.resample += o.resample;
+        s.tokenize += o.tokenize;
+        s.hash += o.hash;
+        s.write += o.write;
+        self.set_realtime_factors();
+    }
+
+    /// Records a row that a later stage dropped after it was counted as kept (`asrc merge`'s
+    /// duplicate audio across parts): `hours` of `language` leave the corpus.
+    pub fn drop_kept(&mut self, reason: Reason, language: &str, hours: f64) {
+        self.kept -= 1;
+        self.dropped += 1;
+        *self.dropped_by_reason.entry(reason).or_default() += 1;
+        *self.hours_after.entry(language.to_owned()).or_default() -= hours;
+    }
+
+    /// The real-time factors of the decoded hours over the wall time.
+    pub fn set_realtime_factors(&mut self) {
+        let audio = self.decoded_hours * 3600.0;
+        self.realtime_factor = audio / self.wall_seconds.max(1e-9);
+        self.realtime_factor_per_job = self.realtime_factor / self.jobs.max(1) as f64;
     }
 
     /// Records an entry's counts (not its line).

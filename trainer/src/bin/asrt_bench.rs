@@ -327,14 +327,14 @@ fn reset_peak() -> anyhow::Result<()> {
     std::fs::write("/proc/self/clear_refs", "5").context("resetting the peak RSS")
 }
 
-fn tdt_memory<B: asr_trainer::tdt::op::TdtBackend>(
+fn tdt_memory<B: asr_tdt::op::TdtBackend>(
     name: &str,
     device: &B::Device,
     [b, t, u, v]: [usize; 4],
 ) -> anyhow::Result<serde_json::Value> {
-    use asr_trainer::rng::SplitMix64;
-    use asr_trainer::tdt::op::TdtLoss;
-    use asr_trainer::tdt::TdtOptions;
+    use asr_plan::rng::SplitMix64;
+    use asr_tdt::op::TdtLoss;
+    use asr_tdt::TdtOptions;
     use burn::backend::Autodiff;
     use burn::tensor::{ElementConversion, Tensor, TensorData};
 
@@ -391,9 +391,9 @@ fn joint_memory(
     part: usize,
     unfused: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    use asr_trainer::rng::SplitMix64;
-    use asr_trainer::tdt::op::TdtLoss;
-    use asr_trainer::tdt::TdtOptions;
+    use asr_plan::rng::SplitMix64;
+    use asr_tdt::op::TdtLoss;
+    use asr_tdt::TdtOptions;
     use asr_trainer::{joint_in_parts, Joint, JointInputs, TrainConfig};
     use burn::backend::{Autodiff, NdArray};
     use burn::optim::GradientsParams;
@@ -486,9 +486,9 @@ fn tdt_bench(
     v: usize,
     repeats: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    use asr_trainer::rng::SplitMix64;
-    use asr_trainer::tdt::op::{tdt_costs, TdtLoss, TdtProblem};
-    use asr_trainer::tdt::TdtOptions;
+    use asr_plan::rng::SplitMix64;
+    use asr_tdt::op::{tdt_costs, TdtLoss, TdtProblem};
+    use asr_tdt::TdtOptions;
     use burn::backend::{Autodiff, NdArray};
     use burn::tensor::{activation, Tensor, TensorData};
 

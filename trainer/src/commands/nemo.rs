@@ -8,6 +8,7 @@ use burn::backend::NdArray;
 
 use crate::checkpoint;
 use crate::cli::{ExportArgs, ImportArgs};
+use crate::model_source::{Expected, ModelSource, TokenizerId};
 use crate::nemo;
 
 /// Runs `asrt import`.
@@ -69,36 +70,31 @@ fn tokenizer_from(path: &Path) -> anyhow::Result<Vec<u8>> {
 /// Runs `asrt export`.
 pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let device = Default::default();
-    let (model, cfg, loss, tokenizer, want_hash, from) = if nemo::is_imported_dir(&args.checkpoint)
-    {
-        let (model, info, tok) = nemo::read_dir::<NdArray>(&args.checkpoint, &device)?;
-        let tok = match &args.tokenizer {
-            Some(p) => tokenizer_from(p)?,
-            None => tok,
-        };
-        (model, info.model, info.loss, tok, info.tokenizer_xxh3, args.checkpoint.clone())
-    } else {
-        let ckpt = checkpoint::resolve(&args.checkpoint)?;
-        let (model, state) = checkpoint::load_for_inference::<NdArray>(&ckpt, &device)?;
-        let source = match (&args.tokenizer, state.corpora.first()) {
-            (Some(p), _) => p.clone(),
-            (None, Some(c)) => c.path.clone(),
-            (None, None) => bail!(
-                "{}: the checkpoint names no corpus; give the tokenizer with --tokenizer",
-                ckpt.display()
-            ),
-        };
-        let tok = tokenizer_from(&source)
-            .with_context(|| format!("the tokenizer (from {})", source.display()))?;
-        (model, state.config.model, state.config.loss, tok, state.tokenizer_xxh3, ckpt)
+    let source = ModelSource::resolve(&args.checkpoint)?;
+    let loaded = source.load::<NdArray>(None, false, &device)?;
+    let tokenizer = match (&args.tokenizer, loaded.tokenizer_model) {
+        (Some(p), _) => tokenizer_from(p)?,
+        (None, Some(t)) => t,
+        (None, None) => {
+            // A checkpoint carries no tokenizer: its first corpus has the one it trained with.
+            let state = checkpoint::load_state(source.path())?;
+            let Some(corpus) = state.corpora.first() else {
+                bail!(
+                    "{}: the checkpoint names no corpus; give the tokenizer with --tokenizer",
+                    source.path().display()
+                );
+            };
+            tokenizer_from(&corpus.path)
+                .with_context(|| format!("the tokenizer (from {})", corpus.path.display()))?
+        }
     };
-    let got = nemo::tokenizer_hash(&tokenizer);
-    if got != want_hash {
-        bail!(
-            "the tokenizer given (model_xxh3 {got}) is not the one {} was trained with ({want_hash})",
-            from.display()
-        );
-    }
+    let given = TokenizerId {
+        xxh3: nemo::tokenizer_hash(&tokenizer),
+        vocab: crate::tokenizer::Pieces::parse(&tokenizer)?.len(),
+    };
+    source.check_tokenizer(&loaded.info, &given, Expected::Given)?;
+    let (model, cfg, loss, from) =
+        (loaded.model, loaded.info.model, loaded.info.loss, source.path().to_owned());
     nemo::export(&model, &cfg, &loss, &tokenizer, &args.out)?;
     let vocab = crate::tokenizer::Pieces::parse(&tokenizer)?.len();
     println!(

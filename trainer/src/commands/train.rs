@@ -5,132 +5,127 @@ use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{parse_device, Device};
 use crate::cli::TrainArgs;
 use crate::config::TrainConfig;
+use crate::device::{dispatch, RunOn};
+use crate::model_source::ModelSource;
 use crate::train::metrics::StepMetrics;
 use crate::train::run::{ProcessGroup, RunOptions};
 
 fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
+    // With --init, the model is the initial model's and its loss options are the base the
+    // config file's [loss] keys override.
+    let start = match &args.init {
+        Some(init) => {
+            let info = ModelSource::resolve(init)?.describe()?;
+            if !args.quiet {
+                eprintln!(
+                    "asrt: model from {}: {} layers, d_model {}, {} heads, vocabulary {}, \
+                     durations {:?}, loss sigma {} omega {}",
+                    init.display(),
+                    info.model.encoder.n_layers,
+                    info.model.encoder.d_model,
+                    info.model.encoder.n_heads,
+                    info.tokenizer.vocab,
+                    info.model.durations,
+                    info.loss.sigma,
+                    info.loss.omega
+                );
+            }
+            Some(info)
+        }
+        None => None,
+    };
+    let start = start.as_ref().map(|i| (&i.model, &i.loss));
     let mut cfg = match &args.config {
-        Some(p) => TrainConfig::from_file(p)?,
-        None => TrainConfig::default(),
+        Some(p) => TrainConfig::from_file_with(p, start)?,
+        None => TrainConfig::from_toml_with("", start)?,
     };
     if let Some(n) = args.max_steps {
         cfg.train.max_steps = n;
-    }
-    if let Some(init) = &args.init {
-        // The model is the initial model's; the loss keeps the run's options but its durations.
-        let info = crate::nemo::describe(init)?;
-        if !args.quiet {
-            eprintln!(
-                "asrt: model from {}: {} layers, d_model {}, {} heads, vocabulary {}, durations {:?}",
-                init.display(),
-                info.model.encoder.n_layers,
-                info.model.encoder.d_model,
-                info.model.encoder.n_heads,
-                info.vocab,
-                info.model.durations
-            );
-        }
-        cfg.loss.durations = info.model.durations.clone();
-        cfg.model = info.model;
     }
     cfg.validate()?;
     Ok(cfg)
 }
 
-/// CUDA devices of this process, one rank each, and of the other processes when there are
-/// (gradients summed with NCCL: on the devices within a process, staged through the host
-/// between processes).
-#[cfg(feature = "cuda")]
-fn run_cuda(
-    cfg: TrainConfig,
-    opts: &RunOptions,
-    devices: &[Device],
-    processes: Option<ProcessGroup>,
-    on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> anyhow::Result<crate::train::run::RunSummary> {
-    let devices = devices
-        .iter()
-        .map(|d| match d {
-            Device::Cuda(n) => Ok(burn::backend::cuda::CudaDevice::new(*n)),
-            Device::Cpu | Device::Wgpu => Err(anyhow::anyhow!("CUDA devices expected")),
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(crate::train::run::run_ranks::<burn::backend::Autodiff<burn::backend::Cuda>>(
-        cfg, opts, devices, processes, on_step,
-    )?)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_cuda(
-    _cfg: TrainConfig,
-    _opts: &RunOptions,
-    _devices: &[Device],
-    _processes: Option<ProcessGroup>,
-    _on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> anyhow::Result<crate::train::run::RunSummary> {
-    anyhow::bail!("this asrt was built without CUDA (parse_device refuses cuda:N)")
-}
-
-/// wgpu's default adapter, once per rank (`--devices wgpu,wgpu` runs two ranks on it).
-#[cfg(feature = "wgpu")]
-fn run_wgpu(
-    cfg: TrainConfig,
-    opts: &RunOptions,
-    ranks: usize,
-    processes: Option<ProcessGroup>,
-    on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> anyhow::Result<crate::train::run::RunSummary> {
-    let devices = vec![burn::backend::wgpu::WgpuDevice::DefaultDevice; ranks];
-    Ok(crate::train::run::run_ranks::<burn::backend::Autodiff<burn::backend::Wgpu>>(
-        cfg, opts, devices, processes, on_step,
-    )?)
-}
-
-#[cfg(not(feature = "wgpu"))]
-fn run_wgpu(
-    _cfg: TrainConfig,
-    _opts: &RunOptions,
-    _ranks: usize,
-    _processes: Option<ProcessGroup>,
-    _on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> anyhow::Result<crate::train::run::RunSummary> {
-    anyhow::bail!("this asrt was built without wgpu (parse_device refuses wgpu)")
+/// Why the launcher's environment describes no usable process group.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LauncherError {
+    /// A variable that must be a number is not one.
+    #[error("{key}={value}: not a number")]
+    NotANumber {
+        /// The variable.
+        key: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// One variable of a launcher's pair is set, the other not.
+    #[error("{set} and {unset} must be set together (only {set} is)")]
+    HalfPair {
+        /// The one set.
+        set: &'static str,
+        /// The one missing.
+        unset: &'static str,
+    },
+    /// The rank is not below the process count.
+    #[error("process rank {rank} is outside {count} processes")]
+    RankOutside {
+        /// This process's rank.
+        rank: usize,
+        /// Processes in all.
+        count: usize,
+    },
+    /// Several processes but nowhere to meet.
+    #[error(
+        "{count} processes but no MASTER_ADDR: set it to process 0's host (under Slurm: \
+         export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1))"
+    )]
+    NoMasterAddr {
+        /// Processes in all.
+        count: usize,
+    },
 }
 
 /// The process group the environment describes: `RANK` and `WORLD_SIZE` (torchrun and similar
 /// launchers), or `SLURM_PROCID` and `SLURM_NTASKS` (`srun`); with more than one process,
 /// `MASTER_ADDR` (required) and `MASTER_PORT` (default 29500) say where process 0 listens.
+/// Either launcher's pair is all or nothing: half a pair is a launch script's mistake, and
+/// running as a single process would train alone while the others wait.
 pub(crate) fn process_group(
     env: &dyn Fn(&str) -> Option<String>,
-) -> anyhow::Result<Option<ProcessGroup>> {
-    let number = |k: &str| -> anyhow::Result<Option<usize>> {
-        env(k)
-            .map(|v| {
-                v.trim().parse::<usize>().map_err(|_| anyhow::anyhow!("{k}={v}: not a number"))
+) -> Result<Option<ProcessGroup>, LauncherError> {
+    let number = |key: &'static str| -> Result<Option<usize>, LauncherError> {
+        env(key)
+            .map(|value| {
+                value.trim().parse::<usize>().map_err(|_| LauncherError::NotANumber { key, value })
             })
             .transpose()
     };
-    let (rank, count) = match (number("RANK")?, number("WORLD_SIZE")?) {
-        (Some(r), Some(w)) => (r, w),
-        (None, None) => match (number("SLURM_PROCID")?, number("SLURM_NTASKS")?) {
-            (Some(r), Some(w)) => (r, w),
-            _ => return Ok(None),
+    let pair =
+        |rank: &'static str, size: &'static str| -> Result<Option<(usize, usize)>, LauncherError> {
+            match (number(rank)?, number(size)?) {
+                (Some(r), Some(w)) => Ok(Some((r, w))),
+                (None, None) => Ok(None),
+                (Some(_), None) => Err(LauncherError::HalfPair { set: rank, unset: size }),
+                (None, Some(_)) => Err(LauncherError::HalfPair { set: size, unset: rank }),
+            }
+        };
+    let (rank, count) = match pair("RANK", "WORLD_SIZE")? {
+        Some(p) => p,
+        None => match pair("SLURM_PROCID", "SLURM_NTASKS")? {
+            Some(p) => p,
+            None => return Ok(None),
         },
-        _ => anyhow::bail!("RANK and WORLD_SIZE must be set together"),
     };
     if count <= 1 {
         return Ok(None);
     }
-    anyhow::ensure!(rank < count, "process rank {rank} is outside {count} processes");
-    let host = env("MASTER_ADDR").filter(|h| !h.is_empty()).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{count} processes but no MASTER_ADDR: set it to process 0's host (under Slurm: \
-             export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1))"
-        )
-    })?;
+    if rank >= count {
+        return Err(LauncherError::RankOutside { rank, count });
+    }
+    let host = env("MASTER_ADDR")
+        .filter(|h| !h.is_empty())
+        .ok_or(LauncherError::NoMasterAddr { count })?;
     let port = number("MASTER_PORT")?.unwrap_or(29500);
     Ok(Some(ProcessGroup { rank, count, addr: format!("{host}:{port}") }))
 }
@@ -139,7 +134,7 @@ pub(crate) fn process_group(
 pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_config(args)?;
     let opts = RunOptions {
-        data: crate::data::set::resolve_specs(&args.corpus, &cfg.data)?,
+        data: asr_plan::set::resolve_specs(&args.corpus, &cfg.data)?,
         out: args.out.clone(),
         resume: args.resume,
         stop_at: args.stop_at,
@@ -182,25 +177,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
             eprintln!("asrt: step {}/{target} {msg}", m.step);
         }
     };
-    let devices: Vec<Device> = match &args.devices {
-        Some(list) => list.split(',').map(|d| parse_device(d.trim())).collect::<Result<_, _>>()?,
-        None => vec![parse_device(&args.device)?],
-    };
+    let devices = args.device.devices();
     let processes = process_group(&|k| std::env::var(k).ok())?;
-    let kind = std::mem::discriminant(&devices[0]);
-    anyhow::ensure!(
-        devices.iter().all(|d| std::mem::discriminant(d) == kind),
-        "--devices {}: one kind of device per run (all cpu, all cuda:N or all wgpu)",
-        args.devices.as_deref().unwrap_or_default()
-    );
     let process = processes.as_ref().map_or(0, |p| p.rank);
-    let summary = match devices[0] {
-        Device::Cpu => {
-            crate::train::run::run_cpu_ranks(cfg, &opts, devices.len(), processes, &mut on_step)?
-        }
-        Device::Cuda(_) => run_cuda(cfg, &opts, &devices, processes, &mut on_step)?,
-        Device::Wgpu => run_wgpu(cfg, &opts, devices.len(), processes, &mut on_step)?,
-    };
+    let summary = dispatch(&devices, RunOn { cfg, opts: &opts, processes, on_step: &mut on_step })?;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
@@ -247,9 +227,32 @@ mod tests {
             &[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("MASTER_ADDR", "n0")];
         let want = ProcessGroup { rank: 1, count: 2, addr: "n0:29500".into() };
         assert_eq!(process_group(&env(SLURM)).unwrap(), Some(want));
-        let e = process_group(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")])).unwrap_err();
-        assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
-        assert!(process_group(&env(&[("RANK", "x"), ("WORLD_SIZE", "2")])).is_err());
-        assert!(process_group(&env(&[("RANK", "1")])).is_err());
+        let e = process_group(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")]));
+        assert_eq!(e, Err(LauncherError::NoMasterAddr { count: 2 }));
+        assert_eq!(
+            process_group(&env(&[("RANK", "x"), ("WORLD_SIZE", "2")])),
+            Err(LauncherError::NotANumber { key: "RANK", value: "x".into() })
+        );
+        assert_eq!(
+            process_group(&env(&[("RANK", "1")])),
+            Err(LauncherError::HalfPair { set: "RANK", unset: "WORLD_SIZE" })
+        );
+        assert_eq!(
+            process_group(&env(&[("WORLD_SIZE", "2")])),
+            Err(LauncherError::HalfPair { set: "WORLD_SIZE", unset: "RANK" })
+        );
+        // Half of Slurm's pair is refused the same way (it used to run as a single process).
+        assert_eq!(
+            process_group(&env(&[("SLURM_PROCID", "1")])),
+            Err(LauncherError::HalfPair { set: "SLURM_PROCID", unset: "SLURM_NTASKS" })
+        );
+        assert_eq!(
+            process_group(&env(&[("SLURM_NTASKS", "2")])),
+            Err(LauncherError::HalfPair { set: "SLURM_NTASKS", unset: "SLURM_PROCID" })
+        );
+        assert_eq!(
+            process_group(&env(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "n")])),
+            Err(LauncherError::RankOutside { rank: 4, count: 4 })
+        );
     }
 }

@@ -4,19 +4,18 @@
 pub mod error_rates;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use asr_corpus::Corpus;
 use burn::prelude::*;
 use serde::Serialize;
 
-use crate::checkpoint::{self, CheckpointError};
 use crate::device_failure::DeviceFailure;
+use crate::model::greedy::BurnGreedy;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
-use crate::tdt::greedy::{greedy_batch, GreedyOptions};
-use crate::tdt::greedy_burn::BurnGreedy;
+use crate::model_source::{Expected, ModelSource, ModelSourceError, TokenizerId};
 use crate::tokenizer::{Pieces, TokenizerError};
+use asr_tdt::greedy::{greedy_batch, GreedyOptions};
 pub use error_rates::{edit_distance, ErrorRates};
 
 /// Why an evaluation could not run.
@@ -46,8 +45,6 @@ pub enum EvalError {
     #[error("{0}")]
     Tokenizer(#[from] TokenizerError),
     /// The checkpoint could not be read.
-    #[error("{0}")]
-    Checkpoint(#[from] CheckpointError),
     /// An utterance's reference text could not be read.
     #[error("utterance {index}: reading its text: {source}")]
     Text {
@@ -56,28 +53,12 @@ pub enum EvalError {
         /// Why.
         source: asr_corpus::FormatError,
     },
-    /// A `.nemo` model or imported directory could not be read.
-    #[error("{0}")]
-    Import(#[from] crate::nemo::ImportError),
-    /// The model's tokenizer is not the corpus's.
-    #[error(
-        "the corpus's tokenizer (model_xxh3 {corpus}) is not the model's ({model}): compile the \
-         corpus with the model's tokenizer (asrc compile --tokenizer MODEL.nemo)"
-    )]
-    TokenizerMismatch {
-        /// The corpus's.
-        corpus: String,
-        /// The model's.
-        model: String,
-    },
-    /// The model's vocabulary is not the corpus's.
-    #[error("the corpus has a vocabulary of {corpus} tokens, the model {model}")]
-    Vocabulary {
-        /// The corpus's.
-        corpus: usize,
-        /// The model's.
-        model: usize,
-    },
+    /// No device to decode on.
+    #[error("no device to decode on")]
+    NoDevice,
+    /// The model could not be read, or its tokenizer is not the corpus's.
+    #[error(transparent)]
+    Source(#[from] ModelSourceError),
 }
 
 /// One decoded utterance.
@@ -184,50 +165,18 @@ pub fn evaluate<B: Backend>(
     Ok(out)
 }
 
-/// Decodes the first `limit` utterances of `corpus` (all with `None`) with a checkpoint's model
-/// on `device`.
-pub fn evaluate_checkpoint<B: Backend>(
-    ckpt: &Path,
+/// Decodes the first `limit` utterances of `corpus` (all with `None`) with a model on `device`,
+/// after checking that the corpus was compiled with the model's tokenizer.
+pub fn evaluate_source<B: Backend>(
+    source: &ModelSource,
     corpus: &Corpus,
     limit: Option<usize>,
     batch_seconds: f64,
     device: &B::Device,
 ) -> Result<Evaluation, EvalError> {
-    if crate::nemo::is_nemo_source(ckpt) {
-        let (model, info, _) = crate::nemo::load_init::<B>(ckpt, false, device)?;
-        let theirs = &corpus.metadata().tokenizer.model_xxh3;
-        if *theirs != info.tokenizer_xxh3 {
-            return Err(EvalError::TokenizerMismatch {
-                corpus: theirs.clone(),
-                model: info.tokenizer_xxh3,
-            });
-        }
-        let n = limit.unwrap_or(corpus.len()).min(corpus.len());
-        let indices: Vec<usize> = (0..n).collect();
-        return evaluate(&model, &info.model, corpus, &indices, batch_seconds, device);
-    }
-    let (model, state) = checkpoint::load_for_inference::<B>(ckpt, device)?;
-    let vocab = corpus.metadata().tokenizer.vocab_size as usize;
-    if vocab != state.vocab {
-        return Err(EvalError::Vocabulary { corpus: vocab, model: state.vocab });
-    }
+    let want = TokenizerId::of_corpus(corpus);
+    let loaded = source.load::<B>(Some((&want, Expected::Corpus)), false, device)?;
     let n = limit.unwrap_or(corpus.len()).min(corpus.len());
     let indices: Vec<usize> = (0..n).collect();
-    evaluate(&model, &state.config.model, corpus, &indices, batch_seconds, device)
-}
-
-/// [`evaluate_checkpoint`] on the CPU backend (instantiated in this optimised crate).
-pub fn evaluate_checkpoint_cpu(
-    ckpt: &Path,
-    corpus: &Corpus,
-    limit: Option<usize>,
-    batch_seconds: f64,
-) -> Result<Evaluation, EvalError> {
-    evaluate_checkpoint::<burn::backend::NdArray>(
-        ckpt,
-        corpus,
-        limit,
-        batch_seconds,
-        &Default::default(),
-    )
+    evaluate(&loaded.model, &loaded.info.model, corpus, &indices, batch_seconds, device)
 }

@@ -11,7 +11,7 @@
 use burn::prelude::*;
 
 use super::config::SpecAugmentConfig;
-use crate::rng::SplitMix64;
+use asr_plan::rng::SplitMix64;
 
 /// One micro-batch's SpecAugment intervals, `[start, end)` each.
 #[derive(Debug, Clone, PartialEq)]

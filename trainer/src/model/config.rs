@@ -1,6 +1,5 @@
 //! Model configuration: presets and NeMo-like names, overridable from TOML.
 
-use crate::config::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// Mel front end (NeMo `AudioToMelSpectrogramPreprocessor`).
@@ -204,35 +203,67 @@ impl ModelConfig {
     }
 
     /// Checks the numbers fit together.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), ModelConfigError> {
         let e = &self.encoder;
         if e.d_model == 0 || e.n_heads == 0 || !e.d_model.is_multiple_of(e.n_heads) {
-            return Err(ConfigError::Invalid(format!(
-                "encoder.d_model {} must be a multiple of n_heads {}",
-                e.d_model, e.n_heads
-            )));
+            return Err(ModelConfigError::Heads { d_model: e.d_model, n_heads: e.n_heads });
         }
         if !e.subsampling_factor.is_power_of_two() || e.subsampling_factor < 2 {
-            return Err(ConfigError::Invalid(format!(
-                "encoder.subsampling_factor {} must be a power of two >= 2",
-                e.subsampling_factor
-            )));
+            return Err(ModelConfigError::SubsamplingFactor(e.subsampling_factor));
         }
         if e.conv_kernel_size.is_multiple_of(2) {
-            return Err(ConfigError::Invalid(format!(
-                "encoder.conv_kernel_size {} must be odd",
-                e.conv_kernel_size
-            )));
+            return Err(ModelConfigError::EvenConvKernel(e.conv_kernel_size));
         }
         let p = &self.preprocessor;
         if p.window_size > p.n_fft || p.window_stride == 0 || p.features == 0 {
-            return Err(ConfigError::Invalid(
-                "preprocessor: need window_size <= n_fft, window_stride > 0, features > 0".into(),
-            ));
+            return Err(ModelConfigError::Preprocessor {
+                window_size: p.window_size,
+                n_fft: p.n_fft,
+                window_stride: p.window_stride,
+                features: p.features,
+            });
         }
         if self.decoder.pred_rnn_layers == 0 {
-            return Err(ConfigError::Invalid("decoder.pred_rnn_layers must be at least 1".into()));
+            return Err(ModelConfigError::NoPredictionLayers);
         }
         Ok(())
     }
+}
+
+/// Why a model configuration cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelConfigError {
+    /// The attention heads do not divide the model width.
+    #[error("encoder.d_model {d_model} must be a positive multiple of n_heads {n_heads}")]
+    Heads {
+        /// `encoder.d_model`.
+        d_model: usize,
+        /// `encoder.n_heads`.
+        n_heads: usize,
+    },
+    /// The subsampling factor is not a power of two of at least 2.
+    #[error("encoder.subsampling_factor {0} must be a power of two >= 2")]
+    SubsamplingFactor(usize),
+    /// The convolution module's kernel has an even size (it must be centred).
+    #[error("encoder.conv_kernel_size {0} must be odd")]
+    EvenConvKernel(usize),
+    /// The front end's window does not fit its FFT, or a size is zero.
+    #[error(
+        "preprocessor: need window_size <= n_fft, window_stride > 0, features > 0 \
+         (got window_size {window_size}, n_fft {n_fft}, window_stride {window_stride}, \
+         features {features})"
+    )]
+    Preprocessor {
+        /// Window length in samples.
+        window_size: usize,
+        /// FFT size.
+        n_fft: usize,
+        /// Hop in samples.
+        window_stride: usize,
+        /// Mel bands.
+        features: usize,
+    },
+    /// The prediction network has no LSTM layer.
+    #[error("decoder.pred_rnn_layers must be at least 1")]
+    NoPredictionLayers,
 }

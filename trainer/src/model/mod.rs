@@ -5,6 +5,7 @@ pub mod config;
 pub mod conv;
 pub mod decoder;
 pub mod encoder;
+pub mod greedy;
 pub mod mask;
 pub mod mel;
 

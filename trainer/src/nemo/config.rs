@@ -12,7 +12,7 @@ use crate::model::config::{
     EncoderConfig, JointConfig, PredictionConfig, PreprocessorConfig, SpecAugmentConfig,
 };
 use crate::model::ModelConfig;
-use crate::tdt::TdtOptions;
+use asr_tdt::TdtOptions;
 
 /// What a `.nemo` configuration says about the model.
 #[derive(Debug, Clone, PartialEq)]

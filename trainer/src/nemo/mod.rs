@@ -26,12 +26,11 @@ use asr_nemo::Archive;
 use burn::module::Module;
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use burn_store::ModuleSnapshot;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ModelConfig, TdtModel};
-use crate::tdt::TdtOptions;
 use crate::tokenizer::Pieces;
+use asr_tdt::TdtOptions;
 
 pub use weights::{LoadOptions, WeightReport};
 
@@ -258,26 +257,6 @@ pub fn read_dir<B: Backend>(
     Ok((model, info, tokenizer))
 }
 
-/// A model, its configuration and tokenizer from a `.nemo` file or an imported directory.
-pub fn load_init<B: Backend>(
-    path: &Path,
-    allow_unmapped: bool,
-    device: &B::Device,
-) -> Result<(TdtModel<B>, ModelInfo, Vec<u8>), ImportError> {
-    if path.is_dir() {
-        read_dir(path, device)
-    } else {
-        let i = import(path, allow_unmapped, device)?;
-        Ok((i.model, i.info, i.tokenizer))
-    }
-}
-
-/// Whether `path` names a NeMo model source: a `.nemo` file or an imported directory.
-pub fn is_nemo_source(path: &Path) -> bool {
-    is_imported_dir(path)
-        || (path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("nemo")))
-}
-
 /// The configuration and tokenizer hash of a `.nemo` file or imported directory, without
 /// reading the weights.
 pub fn describe(path: &Path) -> Result<ModelInfo, ImportError> {
@@ -285,36 +264,6 @@ pub fn describe(path: &Path) -> Result<ModelInfo, ImportError> {
         return read_info(path);
     }
     Ok(archive_info(&Archive::open(path)?)?.0)
-}
-
-/// Initial weights of a run, read once for all its ranks: every tensor's path and values on
-/// the host (each rank copies them to its device with [`InitWeights::apply`]).
-pub struct InitWeights {
-    /// Configuration and provenance.
-    pub info: ModelInfo,
-    tensors: Vec<(String, TensorData)>,
-}
-
-impl InitWeights {
-    /// Reads a `.nemo` file or an imported directory.
-    pub fn read(path: &Path, allow_unmapped: bool) -> Result<InitWeights, ImportError> {
-        let (model, info, _) =
-            load_init::<burn::backend::NdArray>(path, allow_unmapped, &Default::default())?;
-        let tensors = model
-            .collect(None, None, false)
-            .into_iter()
-            .map(|s| {
-                let data = s.to_data().map_err(|e| ImportError::Internal(format!("{e:?}")))?;
-                Ok((s.full_path(), data))
-            })
-            .collect::<Result<_, ImportError>>()?;
-        Ok(InitWeights { info, tensors })
-    }
-
-    /// `model` (of this configuration) with these weights.
-    pub fn apply<B: Backend>(&self, model: TdtModel<B>) -> Result<TdtModel<B>, ImportError> {
-        weights::apply_tensors(model, self.tensors.clone())
-    }
 }
 
 /// NeMo's `vocab.txt` for SentencePiece pieces (a word-initial piece without its `▁`, others

@@ -16,9 +16,9 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::model::decoder::Joint;
-use crate::tdt::batch::reduction_factors;
-use crate::tdt::op::{TdtBackend, TdtLoss};
-use crate::tdt::TdtError;
+use asr_tdt::batch::reduction_factors;
+use asr_tdt::op::{TdtBackend, TdtLoss};
+use asr_tdt::TdtError;
 
 /// A batch up to the joint.
 pub struct JointInputs<'a, B: Backend> {
@@ -66,19 +66,16 @@ where
     let [b_enc, _, _] = x.enc.dims();
     let [b_pred, u1, _] = x.pred.dims();
     if batch == 0 || b_enc != batch || b_pred != batch || x.token_lens.len() != batch {
-        return Err(TdtError::Shape(format!(
-            "joint inputs for {b_enc} and {b_pred} utterances with {} frame and {} target \
-             lengths",
-            batch,
-            x.token_lens.len()
-        )));
+        return Err(TdtError::JointInputs {
+            encoder: b_enc,
+            prediction: b_pred,
+            frame_lens: batch,
+            target_lens: x.token_lens.len(),
+        });
     }
     let u_max = u1 - 1;
     if x.tokens.len() != batch * u_max {
-        return Err(TdtError::Shape(format!(
-            "{} targets, expected {batch} x {u_max}",
-            x.tokens.len()
-        )));
+        return Err(TdtError::TargetsLen { got: x.tokens.len(), batch, u_max });
     }
     let factors = reduction_factors(x.token_lens, loss.options.reduction);
     // Leaves: each part's backward stops here and leaves its gradient on them.

@@ -36,16 +36,16 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::config::{ConfigError, TrainConfig};
-use crate::data::batcher::{Audio, LoaderError, PaddedBatch};
-use crate::data::sampler::PlanError;
-use crate::data::set::{SetError, TrainingSet};
 use crate::device_failure::DeviceFailure;
 use crate::eval::EvalError;
 use crate::model::augment::SpecAugmentDraws;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
-use crate::rng::{self, Stream};
-use crate::tdt::op::{TdtBackend, TdtLoss};
+use asr_plan::batcher::{Audio, LoaderError, PaddedBatch};
+use asr_plan::rng::{self, Stream};
+use asr_plan::sampler::PlanError;
+use asr_plan::set::{SetError, TrainingSet};
+use asr_tdt::op::{TdtBackend, TdtLoss};
 use metrics::StepMetrics;
 pub use out_of_memory::OutOfMemory;
 
@@ -65,7 +65,7 @@ pub enum TrainError {
     },
     /// The loss rejected a batch's shapes (a bug or a corrupt batch).
     #[error("TDT loss: {0}")]
-    Loss(#[from] crate::tdt::TdtError),
+    Loss(#[from] asr_tdt::TdtError),
     /// The configuration cannot be used.
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
@@ -91,7 +91,7 @@ pub enum TrainError {
     #[error("{0}")]
     Set(#[from] SetError),
     /// A corpus could not be opened.
-    #[error("{}", crate::data::set::open_message(path, source))]
+    #[error("{}", asr_plan::set::open_message(path, source))]
     Corpus {
         /// The corpus.
         path: PathBuf,
@@ -129,6 +129,26 @@ pub enum TrainError {
         max_batch_seconds: f64,
         /// Micro-batches per step.
         grad_accum: u32,
+    },
+    /// The `--init` model could not be used.
+    #[error("--init: {0}")]
+    Source(#[from] crate::model_source::ModelSourceError),
+    /// The run's model configuration is not the `--init` model's.
+    #[error("--init {}: the run's model configuration is not the model's", path.display())]
+    InitModel {
+        /// The model source.
+        path: PathBuf,
+    },
+    /// No device was given to train on.
+    #[error("no device to train on")]
+    NoDevice,
+    /// This process's rank is not one of the group's.
+    #[error("process rank {rank} is outside {count} processes")]
+    ProcessRank {
+        /// This process's rank.
+        rank: usize,
+        /// Processes in the group.
+        count: usize,
     },
     /// The device had no memory for a micro-batch.
     #[error("{0}")]

@@ -10,8 +10,8 @@
 //! for the encoder and fragmentation; with no micro-batch fitted yet it halves the value.
 
 use crate::config::TrainConfig;
-use crate::data::batcher::PaddedBatch;
 use crate::device_failure::bytes_text;
+use asr_plan::batcher::PaddedBatch;
 
 /// Padded lattice cells of a micro-batch: utterances x padded samples x (padded tokens + 1).
 pub fn lattice_cells(batch: &PaddedBatch) -> u128 {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::collective::{Collective, CollectiveError};
 use super::{grads, StepGradients};
 use crate::model::TdtModel;
-use crate::tdt::op::TdtBackend;
+use asr_tdt::op::TdtBackend;
 
 /// A backend that can sum a tensor across the devices of one process itself. CUDA does it with
 /// NCCL (through CubeCL's client, which creates the communicator for the set of devices); the

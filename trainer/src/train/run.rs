@@ -14,14 +14,14 @@ use super::metrics::{MetricsLog, StepMetrics};
 use super::parallel::{DeviceAllReduce, HostSum};
 use super::{RankBatches, TrainError, Trainer};
 use crate::checkpoint::{self, checkpoint_dir, TrainState};
-use crate::config::ConfigError;
 use crate::config::TrainConfig;
-use crate::data::batcher::{AudioFormat, Loader, LoaderConfig};
-use crate::data::sampler::EpochPlan;
-use crate::data::sampler::IDLE;
-use crate::data::set::CorpusIdentity;
-use crate::data::set::{DataSpec, TrainingSet};
-use crate::tdt::op::TdtBackend;
+use crate::model_source::{Expected, InitWeights, ModelSource, TokenizerId};
+use asr_plan::batcher::{AudioFormat, Loader, LoaderConfig};
+use asr_plan::sampler::EpochPlan;
+use asr_plan::sampler::IDLE;
+use asr_plan::set::CorpusIdentity;
+use asr_plan::set::{DataSpec, TrainingSet};
+use asr_tdt::op::TdtBackend;
 
 /// Where and how to run.
 #[derive(Debug, Clone)]
@@ -98,7 +98,7 @@ struct Shared<'a> {
     identity: Vec<CorpusIdentity>,
     val: Option<Corpus>,
     resume: Option<(PathBuf, TrainState)>,
-    init: Option<crate::nemo::InitWeights>,
+    init: Option<InitWeights>,
     plan: EpochPlan,
     epoch_step: u64,
     target: u64,
@@ -131,14 +131,11 @@ where
 {
     let local = devices.len();
     if local == 0 {
-        return Err(ConfigError::Invalid("no device to train on".into()).into());
+        return Err(TrainError::NoDevice);
     }
     let (process, processes_n) = processes.as_ref().map_or((0, 1), |p| (p.rank, p.count));
     if process >= processes_n {
-        return Err(ConfigError::Invalid(format!(
-            "process rank {process} is outside {processes_n} processes"
-        ))
-        .into());
+        return Err(TrainError::ProcessRank { rank: process, count: processes_n });
     }
     let world = local * processes_n;
     let lead = process == 0;
@@ -160,39 +157,24 @@ where
         }
         None => None,
     };
-    // The initial weights, read once for every local rank (a resume has its own).
-    let init = match &opts.init {
-        Some(path) if resume.is_none() => {
-            Some(crate::nemo::InitWeights::read(path, opts.allow_unmapped)?)
+    // The initial weights, read once for every local rank (a resume has its own); their
+    // tokenizer is checked against the training set's before any weight is read.
+    let set_tokenizer = TokenizerId { xxh3: tokenizer_xxh3.clone(), vocab };
+    let init_source = opts.init.as_deref().map(ModelSource::resolve).transpose()?;
+    let init = match &init_source {
+        Some(source) if resume.is_none() => {
+            Some(InitWeights::read(source, &set_tokenizer, opts.allow_unmapped)?)
         }
         _ => None,
     };
-    if let Some(path) = &opts.init {
-        let described;
+    if let Some(source) = &init_source {
         let info = match &init {
-            Some(w) => &w.info,
-            None => {
-                described = crate::nemo::describe(path)?;
-                &described
-            }
+            Some(w) => w.info.clone(),
+            None => source.describe()?,
         };
-        if info.tokenizer_xxh3 != tokenizer_xxh3 || info.vocab != vocab {
-            return Err(ConfigError::Invalid(format!(
-                "--init {}: its tokenizer (model_xxh3 {}, {} pieces) is not the training set's \
-                 ({tokenizer_xxh3}, {vocab} pieces): compile the corpora with --tokenizer {}",
-                path.display(),
-                info.tokenizer_xxh3,
-                info.vocab,
-                path.display()
-            ))
-            .into());
-        }
+        source.check_tokenizer(&info, &set_tokenizer, Expected::TrainingSet)?;
         if info.model != cfg.model {
-            return Err(ConfigError::Invalid(format!(
-                "--init {}: the run's model configuration is not the model's",
-                path.display()
-            ))
-            .into());
+            return Err(TrainError::InitModel { path: source.path().to_owned() });
         }
     }
     let (durations, languages, mix) = (set.durations(), set.languages(), set.mix());
@@ -279,7 +261,7 @@ where
             .collect();
         let mine = match device0 {
             Some(d) => rank_main::<B>(shared, d, peers, first, Some(on_step)),
-            None => Err(ConfigError::Invalid("no device to train on".into()).into()),
+            None => Err(TrainError::NoDevice),
         };
         let mut results = vec![mine];
         for h in handles {
@@ -592,28 +574,4 @@ fn identity_mismatch(saved: &[CorpusIdentity], now: &[CorpusIdentity]) -> Option
         }
     }
     None
-}
-
-/// [`run`] on the CPU backend. Instantiated here, in this (optimised) crate, so that callers in
-/// other crates do not compile the whole training step themselves.
-pub fn run_cpu(
-    cfg: TrainConfig,
-    opts: &RunOptions,
-    on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> Result<RunSummary, TrainError> {
-    run::<burn::backend::Autodiff<burn::backend::NdArray>>(cfg, opts, Default::default(), on_step)
-}
-
-/// [`run_ranks`] on the CPU backend: `ranks` ranks in this process (threads), times the
-/// processes of `processes`.
-pub fn run_cpu_ranks(
-    cfg: TrainConfig,
-    opts: &RunOptions,
-    ranks: usize,
-    processes: Option<ProcessGroup>,
-    on_step: &mut dyn FnMut(&StepMetrics, u64),
-) -> Result<RunSummary, TrainError> {
-    type Cpu = burn::backend::Autodiff<burn::backend::NdArray>;
-    let devices = vec![Default::default(); ranks];
-    run_ranks::<Cpu>(cfg, opts, devices, processes, on_step)
 }

@@ -3,8 +3,8 @@
 //! its own with the arg-max taken on the host from the full logits (the trait's default), on a
 //! randomly initialised model and a ragged batch, on the CPU backend and on wgpu.
 
-use asr_trainer::tdt::greedy::{greedy_batch, GreedyOptions, Hypothesis, TdtDecoderModel};
-use asr_trainer::tdt::greedy_burn::{BurnGreedy, DeviceState};
+use asr_tdt::greedy::{greedy_batch, GreedyOptions, Hypothesis, TdtDecoderModel};
+use asr_trainer::{BurnGreedy, DeviceState};
 use asr_trainer::{TdtModel, TrainConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};

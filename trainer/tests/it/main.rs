@@ -1,23 +1,19 @@
-//! Integration tests of the trainer's data feed: one binary, one module per concern.
+//! Integration tests of the trainer: one binary, one module per concern.
 
 // Test helpers outside #[test] functions may unwrap: a panic is the failure report.
 #![allow(clippy::unwrap_used, clippy::type_complexity, missing_docs)]
 
-mod batches;
 mod device_inputs;
 mod fused_joint;
 mod greedy_device;
 mod mel;
+mod model_source;
 mod nemo;
 mod out_of_memory;
 mod parallel;
-mod parity;
 mod plan_cli;
 mod resume;
-mod tdt;
-mod tdt_kernel;
-mod temperature;
-mod training_set;
+mod tidy;
 mod wgpu_training;
 
 /// Durations and languages as the benchmarks use them.

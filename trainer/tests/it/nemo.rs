@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
+use asr_tdt::cpu::{tdt_utterance, Dims};
+use asr_tdt::greedy::{greedy_batch, GreedyOptions};
 use asr_trainer::nemo::{self, torch_file, ImportError};
-use asr_trainer::tdt::cpu::{tdt_utterance, Dims};
-use asr_trainer::tdt::greedy::{greedy_batch, GreedyOptions};
-use asr_trainer::tdt::greedy_burn::BurnGreedy;
+use asr_trainer::BurnGreedy;
 use asr_trainer::{MelFrontend, Pieces};
 use burn::backend::NdArray;
 use burn::prelude::*;
@@ -103,7 +103,8 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
     assert_eq!(fs, vec![batch, f, t]);
     let (d, scale) = max_diff(&feats, &nf, &vec![t; batch]);
     eprintln!("features: max |diff| {d:.2e}, max |value| {scale:.2e}");
-    assert!(d <= 1e-4 * scale.max(1.0), "features differ by {d}");
+    // Measured 2.23e-5 at a scale of 3.66 (NeMo 2.7.3 on the fixture): the bound is 4.9x that.
+    assert!(d <= 3e-5 * scale.max(1.0), "features differ by {d}");
 
     // Encoder on our features, valid frames: NeMo's [B, D, T'], ours [B, T', D].
     let (enc, enc_lens) = imp.model.encode(cfg, feats, &frame_lens);
@@ -113,7 +114,8 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
     assert_eq!(es, vec![batch, dm, te]);
     let (d, scale) = max_diff(&enc, &ne, &enc_lens);
     eprintln!("encoder: max |diff| {d:.2e}, max |value| {scale:.2e}");
-    assert!(d <= 1e-4 * scale.max(1.0), "encoder output differs by {d}");
+    // Measured 2.03e-6 at a scale of 3.02: the bound is 4.5x that.
+    assert!(d <= 3e-6 * scale.max(1.0), "encoder output differs by {d}");
 
     // Joint logits for the reference tokens, valid nodes.
     let targets = ints(&st, "targets");
@@ -142,7 +144,8 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
         }
     }
     eprintln!("logits: max |diff| {d:.2e}, max |value| {scale:.2e}");
-    assert!(d <= 1e-4 * scale.max(1.0), "logits differ by {d}");
+    // Measured 1.31e-6 at a scale of 1.55: the bound is 4.7x that.
+    assert!(d <= 4e-6 * scale.max(1.0), "logits differ by {d}");
 
     // TDT loss (NeMo's TDTLossPytorch, float64) against ours on NeMo's logits and on ours.
     let (_, want) = tensor(&st, "loss");
@@ -166,13 +169,14 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
             "loss {b}: NeMo {:.9}, ours on NeMo's logits {on_theirs:.9}, on ours {on_ours:.9}",
             want[b]
         );
+        // Measured at most 6.6e-8 relative, on NeMo's logits and on ours: the bound is 4.5x.
         assert!(
-            (on_theirs - want[b]).abs() <= 1e-6 * want[b].abs(),
+            (on_theirs - want[b]).abs() <= 3e-7 * want[b].abs(),
             "loss {b}: {on_theirs} vs {}",
             want[b]
         );
         assert!(
-            (on_ours - want[b]).abs() <= 1e-4 * want[b].abs(),
+            (on_ours - want[b]).abs() <= 3e-7 * want[b].abs(),
             "loss {b}: {on_ours} vs {}",
             want[b]
         );
@@ -269,13 +273,13 @@ fn parakeet_0_6b_shapes_map_with_no_key_left_and_nvidias_parameter_count() {
     assert_eq!(v["parameters"].as_u64(), Some(618_268_294));
 }
 
-/// The 0.6B-shaped state dict itself (2.5 GB, written by `make.py --parakeet-state-dict`).
+/// The 0.6B-shaped state dict itself (2.5 GB, written by `make.py --parakeet-state-dict`):
+/// run with `ASRT_PARAKEET_STATE_DICT=PATH cargo test -p asr-trainer -- --ignored parakeet`.
 #[test]
+#[ignore = "needs ASRT_PARAKEET_STATE_DICT, the 2.5 GB state dict make.py --parakeet-state-dict writes"]
 fn parakeet_state_dict_imports_when_given() {
-    let Ok(path) = std::env::var("ASRT_PARAKEET_STATE_DICT") else {
-        eprintln!("ASRT_PARAKEET_STATE_DICT not set: skipped");
-        return;
-    };
+    let path = std::env::var("ASRT_PARAKEET_STATE_DICT")
+        .expect("ASRT_PARAKEET_STATE_DICT names the state dict (make.py --parakeet-state-dict)");
     let mut cfg = asr_trainer::ModelConfig::parakeet_tdt_0_6b();
     cfg.preprocessor.features = 128;
     let sd = nemo::weights::read_state_dict(Path::new(&path), &path).unwrap();
@@ -468,7 +472,8 @@ fn import_and_export_on_the_command_line() {
     // A foreign tokenizer is refused by hash.
     let foreign = dir.path().join("foreign.model");
     let mut bytes = a.tokenizer.clone();
-    bytes.extend_from_slice(b"\x0a\x05\x0a\x01x\x15\x00\x00\x00\x00");
+    // One more piece ("x", score 0): a readable model of another size and hash.
+    bytes.extend_from_slice(b"\x0a\x08\x0a\x01x\x15\x00\x00\x00\x00");
     std::fs::write(&foreign, &bytes).unwrap();
     let out = asrt(&[
         "export".as_ref(),
@@ -480,7 +485,7 @@ fn import_and_export_on_the_command_line() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("is not the one"),
+        String::from_utf8_lossy(&out.stderr).contains("is not the one given"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

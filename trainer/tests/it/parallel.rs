@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use asr_corpus::synth::SynthSpec;
-use asr_corpus::{CorpusWriter, WriterOptions};
 use asr_trainer::{
     assemble, flatten_gradients, run_cpu_ranks, AudioFormat, Collective, DataSpec, LocalGroup,
     RankBatches, RunOptions, ShapePolicy, Solo, StepMetrics, TrainConfig, Trainer, TrainingSet,
@@ -30,15 +29,7 @@ pub(crate) fn corpus(dir: &Path, n: u64) -> PathBuf {
         ..SynthSpec::default()
     };
     let path = dir.join("c.asrcorpus");
-    let mut w = CorpusWriter::create(
-        &path,
-        WriterOptions::new(spec.vocab_size, "sentencepiece", b"m".to_vec()),
-    )
-    .unwrap();
-    for i in 0..n {
-        w.push(&spec.utterance(i).as_input()).unwrap();
-    }
-    w.finish().unwrap();
+    spec.write_corpus(&path, n, b"m").unwrap();
     path
 }
 

@@ -117,11 +117,22 @@ fn plan_errors_exit_2_with_a_message() {
 
 #[test]
 fn plan_of_a_training_set_reports_corpora_and_sources_and_lists_pairs() {
-    use crate::training_set::write_corpus;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let a = write_corpus(d, "a.asrcorpus", &["en", "hi"], &["read", "conv"], 300, 1, b"m");
-    let b = write_corpus(d, "b.asrcorpus", &["hi", "ta"], &["podcast"], 100, 2, b"m");
+    let write = |name: &str, languages: &[&str], sources: &[&str], n: u64, seed: u64, model| {
+        let spec = SynthSpec {
+            seed,
+            languages: languages.iter().map(|s| s.to_string()).collect(),
+            sources: sources.iter().map(|s| s.to_string()).collect(),
+            min_samples: 8_000,
+            max_samples: 160_000,
+            ..SynthSpec::default()
+        };
+        spec.write_corpus(&d.join(name), n, model).unwrap();
+        d.join(name)
+    };
+    let a = write("a.asrcorpus", &["en", "hi"], &["read", "conv"], 300, 1, b"m".as_slice());
+    let b = write("b.asrcorpus", &["hi", "ta"], &["podcast"], 100, 2, b"m".as_slice());
     let (pa, pb) = (a.to_str().unwrap(), b.to_str().unwrap());
     let out = asrt(&["plan", pa, pb, "--json", "--source-temperature", "0"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -184,7 +195,7 @@ fn plan_of_a_training_set_reports_corpora_and_sources_and_lists_pairs() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("both on the command line"));
 
     // Another tokenizer: refused, both files named.
-    let other = write_corpus(d, "other.asrcorpus", &["en"], &["read"], 50, 3, b"another model");
+    let other = write("other.asrcorpus", &["en"], &["read"], 50, 3, b"another model".as_slice());
     let out = asrt(&["plan", pa, other.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let e = String::from_utf8_lossy(&out.stderr);

@@ -72,13 +72,25 @@ fn tiny_steps_on_wgpu_match_the_cpu_backend() {
     }
 }
 
-/// `asrt train --device wgpu`: the run trains and checkpoints on wgpu (evaluation on wgpu is
-/// compared with the CPU's in the workspace's training tests, on a corpus with a real
-/// tokenizer).
+/// `asrt train --device wgpu`: the run trains and checkpoints on wgpu, and `asrt eval` decodes
+/// the corpus with its checkpoint on wgpu as on the CPU: the same hypotheses, the same rates.
+/// The corpus carries a real SentencePiece model (the example's), so hypotheses are text.
 #[test]
 fn asrt_trains_and_evaluates_on_wgpu() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = crate::parallel::corpus(dir.path(), 12);
+    let spm = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/espeak/spm.model"),
+    )
+    .unwrap();
+    let spec = asr_corpus::synth::SynthSpec {
+        min_samples: 4_000,
+        max_samples: 24_000,
+        vocab_size: 320,
+        max_tokens: 8,
+        ..asr_corpus::synth::SynthSpec::default()
+    };
+    let corpus = dir.path().join("c.asrcorpus");
+    spec.write_corpus(&corpus, 12, &spm).unwrap();
     let config = dir.path().join("train.toml");
     std::fs::write(
         &config,
@@ -116,4 +128,31 @@ fn asrt_trains_and_evaluates_on_wgpu() {
         assert!(m["loss"].as_f64().unwrap().is_finite(), "{m}");
     }
     assert!(run.join("checkpoints").join("latest").is_file());
+
+    let eval = |device: &str| -> serde_json::Value {
+        let out = asrt(&[
+            os("eval").as_os_str(),
+            corpus.as_os_str(),
+            os("--checkpoint").as_os_str(),
+            run.as_os_str(),
+            os("--json").as_os_str(),
+            os("--device").as_os_str(),
+            os(device).as_os_str(),
+        ]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let (on_wgpu, on_cpu) = (eval("wgpu"), eval("cpu"));
+    let hypotheses = |e: &serde_json::Value| -> Vec<String> {
+        e["utterances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["hypothesis"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let h = hypotheses(&on_wgpu);
+    assert_eq!(h.len(), 12);
+    eprintln!("wgpu hypotheses: {h:?}");
+    assert_eq!(h, hypotheses(&on_cpu), "wgpu and the CPU decode differently");
+    assert_eq!(on_wgpu["overall"], on_cpu["overall"]);
 }

@@ -34,9 +34,8 @@ fn row_grid(rows: usize) -> CubeCount {
 }
 
 /// Checks a u32 kernel argument.
-fn as_u32(what: &str, v: usize) -> Result<u32, TdtError> {
-    u32::try_from(v)
-        .map_err(|_| TdtError::Shape(format!("{what} {v} does not fit the kernel's u32")))
+fn as_u32(what: &'static str, v: usize) -> Result<u32, TdtError> {
+    u32::try_from(v).map_err(|_| TdtError::TooLargeForKernel { what, value: v })
 }
 
 impl<R, F, I, BT> TdtBackend for CubeBackend<R, F, I, BT>
@@ -53,17 +52,13 @@ where
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
         let dtype = logits.dtype();
         if !<Self as burn::tensor::backend::Backend>::supports_dtype(&logits.device, dtype) {
-            return Err(TdtError::Shape(format!(
-                "logits of dtype {dtype:?}: this device does not support the type"
-            )));
+            return Err(TdtError::DTypeNotOnDevice(dtype));
         }
         match dtype {
             DType::F32 => forward::<R, f32>(logits, problem, want_grad),
             DType::F16 => forward::<R, burn::tensor::f16>(logits, problem, want_grad),
             DType::BF16 => forward::<R, burn::tensor::bf16>(logits, problem, want_grad),
-            other => Err(TdtError::Shape(format!(
-                "logits of dtype {other:?}: the TDT kernel reads f32, f16 or bf16"
-            ))),
+            other => Err(TdtError::DTypeNotRead(other)),
         }
     }
 }
@@ -77,10 +72,11 @@ fn forward<R: CubeRuntime, E: Float + CubeElement>(
     let [b, t_max, u1, width] = logits.shape().dims::<4>();
     let n_dur = problem.options.durations.len();
     if u1 != problem.u_max + 1 || width <= n_dur {
-        return Err(TdtError::Shape(format!(
-            "logits [{b}, {t_max}, {u1}, {width}] do not match u_max {} and {n_dur} durations",
-            problem.u_max
-        )));
+        return Err(TdtError::LogitsShape {
+            dims: [b, t_max, u1, width],
+            u_max: problem.u_max,
+            durations: n_dur,
+        });
     }
     let vocab = width - n_dur;
     problem.options.validate()?;

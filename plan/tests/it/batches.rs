@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use asr_corpus::synth::SynthSpec;
 use asr_corpus::{Corpus, CorpusWriter, WriterOptions};
-use asr_trainer::ShapePolicy;
-use asr_trainer::{assemble, Audio, AudioFormat, Loader, LoaderConfig};
-use asr_trainer::{Durations, EpochPlan, SamplerConfig, IDLE};
+use asr_plan::ShapePolicy;
+use asr_plan::{assemble, Audio, AudioFormat, Loader, LoaderConfig};
+use asr_plan::{Durations, EpochPlan, SamplerConfig, IDLE};
 
 fn corpus(n: u64, vocab: u32) -> Arc<Corpus> {
     let spec = SynthSpec {

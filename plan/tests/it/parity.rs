@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use asr_trainer::{Durations, EpochPlan, SamplerConfig, SamplerMode};
+use asr_plan::{Durations, EpochPlan, SamplerConfig, SamplerMode};
 
 use crate::synthetic;
 

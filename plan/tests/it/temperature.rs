@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use asr_trainer::{epoch_draws, target_shares, Durations, EpochPlan, SamplerConfig, SamplerMode};
+use asr_plan::{epoch_draws, target_shares, Durations, EpochPlan, SamplerConfig, SamplerMode};
 
 use crate::synthetic;
 

@@ -58,10 +58,11 @@ fn batch_input<'a>(
 ) -> Result<BatchInput<'a>, TdtError> {
     let n_dur = problem.options.durations.len();
     if u1 != problem.u_max + 1 || width <= n_dur {
-        return Err(TdtError::Shape(format!(
-            "logits [{b}, {t_max}, {u1}, {width}] do not match u_max {} and {n_dur} durations",
-            problem.u_max
-        )));
+        return Err(TdtError::LogitsShape {
+            dims: [b, t_max, u1, width],
+            u_max: problem.u_max,
+            durations: n_dur,
+        });
     }
     Ok(BatchInput {
         logits,
@@ -114,7 +115,7 @@ pub fn host_forward<B: Backend>(
         .into_data()
         .convert::<f32>()
         .to_vec()
-        .map_err(|e| TdtError::Shape(format!("reading logits: {e:?}")))?;
+        .map_err(|e| TdtError::ReadLogits(format!("{e:?}")))?;
     let (costs, grads) = run_on_host(&host, dims, problem, want_grad)?;
     let costs = Tensor::<B, 1>::from_data(TensorData::new(costs, [dims[0]]), &device);
     let grads = grads.map(|g| Tensor::<B, 4>::from_data(TensorData::new(g, dims), &device));
@@ -193,8 +194,7 @@ impl<B: TdtBackend, C: CheckpointStrategy> TdtBackend for Autodiff<B, C> {
         match TdtBackward.prepare::<C>([logits.node.clone()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let (costs, grads) = B::tdt_forward(logits.primitive, problem, true)?;
-                let grads =
-                    grads.ok_or_else(|| TdtError::Shape("backend returned no gradient".into()))?;
+                let grads = grads.ok_or(TdtError::NoGradient)?;
                 Ok((prep.finish((grads, batch), costs), None))
             }
             OpsKind::UnTracked(prep) => {
@@ -247,7 +247,7 @@ impl TdtLoss {
 
     /// Whether call `n` uses the RNN-T branch: a uniform draw from `(seed, n)` below `omega`.
     pub fn rnnt_branch(&self, n: u64) -> bool {
-        let mut r = crate::rng::stream(self.seed, crate::rng::Stream::LossBranch, n);
+        let mut r = asr_plan::rng::stream(self.seed, asr_plan::rng::Stream::LossBranch, n);
         r.next_f64() < self.options.omega
     }
 
@@ -286,11 +286,10 @@ impl TdtLoss {
         rnnt: bool,
     ) -> Result<(Tensor<B, 1>, Tensor<B, 1>), TdtError> {
         if factors.len() != frame_lens.len() {
-            return Err(TdtError::Shape(format!(
-                "{} reduction factors for {} utterances",
-                factors.len(),
-                frame_lens.len()
-            )));
+            return Err(TdtError::FactorCount {
+                factors: factors.len(),
+                utterances: frame_lens.len(),
+            });
         }
         let device = logits.device();
         let u_max = logits.dims()[2] - 1;

@@ -1,4 +1,4 @@
-//! The CubeCL TDT kernels (`asr_trainer::tdt::kernels`) on Burn's wgpu backend, against the
+//! The CubeCL TDT kernels (`asr_tdt::kernels`) on Burn's wgpu backend, against the
 //! float64 CPU recursions. On a machine without a GPU, wgpu runs on Mesa's software Vulkan
 //! driver (lavapipe, `mesa-vulkan-drivers`), which `scripts/setup.sh` installs.
 //!
@@ -9,9 +9,9 @@
 //! is rounded on output, so the bound is that rounding (2^-8 relative for bf16, 2^-11 for f16).
 
 use asr_corpus::synth::SplitMix64;
-use asr_trainer::tdt::batch::{self, BatchInput};
-use asr_trainer::tdt::op::{TdtBackend, TdtProblem};
-use asr_trainer::tdt::TdtOptions;
+use asr_tdt::batch::{self, BatchInput};
+use asr_tdt::op::{TdtBackend, TdtProblem};
+use asr_tdt::{TdtError, TdtOptions};
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::Wgpu;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
@@ -87,7 +87,7 @@ fn reference(c: &Case, logits: &[f32]) -> (Vec<f64>, Vec<f32>) {
 }
 
 /// Costs and gradients from the kernels, logits stored as `dtype`.
-fn kernel(c: &Case, dtype: DType) -> Result<(Vec<f64>, Vec<f32>), asr_trainer::tdt::TdtError> {
+fn kernel(c: &Case, dtype: DType) -> Result<(Vec<f64>, Vec<f32>), TdtError> {
     let device = WgpuDevice::default();
     let x = Tensor::<W, 4>::from_data(
         TensorData::new(c.logits.clone(), c.dims).convert_dtype(dtype),
@@ -233,15 +233,16 @@ fn bad_lengths_and_targets_are_errors_before_any_launch() {
     let c = case(5, 2, 9, &options, false);
     let mut long = case(5, 2, 9, &options, false);
     long.problem.frame_lens[0] = c.dims[1] + 1;
-    let err = kernel(&long, DType::F32).unwrap_err().to_string();
-    assert!(err.contains("utterance 0"), "{err}");
+    let err = kernel(&long, DType::F32).unwrap_err();
+    assert!(matches!(err, TdtError::UtteranceLengths { utterance: 0, .. }), "{err}");
     let mut bad_target = sized(5, [2, 4, 3], 9, &options, false);
     bad_target.problem.targets[0] = 8; // the blank id
-    let err = kernel(&bad_target, DType::F32).unwrap_err().to_string();
-    assert!(err.contains("target 0 is 8"), "{err}");
+    let err = kernel(&bad_target, DType::F32).unwrap_err();
+    assert_eq!(err, TdtError::Target { utterance: 0, position: 0, id: 8, blank: 8 });
     let mut short = case(5, 2, 9, &options, false);
     short.problem.frame_lens.pop();
-    assert!(kernel(&short, DType::F32).is_err());
+    let err = kernel(&short, DType::F32).unwrap_err();
+    assert!(matches!(err, TdtError::LengthCounts { batch: 2, frame_lens: 1, .. }), "{err}");
 }
 
 #[test]

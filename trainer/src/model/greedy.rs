@@ -1,5 +1,5 @@
 //! Greedy TDT decoding of a Burn [`TdtModel`]: the adapter between the backend-independent
-//! search in [`super::greedy`] and the model's prediction network and joint.
+//! search in [`asr_tdt::greedy`] and the model's prediction network and joint.
 //!
 //! Everything the search carries between steps stays on the model's device: the projected
 //! encoder output (`[B * T, J]`, projected once per batch), and per utterance the projected
@@ -12,8 +12,8 @@
 use burn::nn::LstmState;
 use burn::prelude::*;
 
-use super::greedy::TdtDecoderModel;
 use crate::model::TdtModel;
+use asr_tdt::greedy::TdtDecoderModel;
 
 /// A tensor's values on the host as f32.
 fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {

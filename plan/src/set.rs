@@ -171,13 +171,28 @@ pub enum SetError {
         /// Its version.
         other_version: u32,
     },
-    /// More than the set can index.
-    #[error("{0}")]
-    TooLarge(String),
+    /// More names of one table than a 16-bit id can name.
+    #[error("the training set has more than 65536 {what} names")]
+    TooManyNames {
+        /// "language" or "source".
+        what: &'static str,
+    },
+    /// More corpora than a 16-bit id can name.
+    #[error("{count} corpora in one training set (at most {max})", max = u16::MAX)]
+    TooManyCorpora {
+        /// Corpora given.
+        count: usize,
+    },
+    /// More utterances than a plan's `u32` indices can name (two values are reserved).
+    #[error("{count} utterances in the training set (at most {max})", max = u32::MAX - 1)]
+    TooManyUtterances {
+        /// Utterances in all corpora.
+        count: usize,
+    },
 }
 
 /// An open error that names the corpus once (I/O errors name it themselves).
-pub(crate) fn open_message(path: &Path, e: &asr_corpus::FormatError) -> String {
+pub fn open_message(path: &Path, e: &asr_corpus::FormatError) -> String {
     match e {
         asr_corpus::FormatError::Io { .. } => e.to_string(),
         _ => format!("{}: {e}", path.display()),
@@ -232,13 +247,11 @@ struct Names {
 }
 
 impl Names {
-    fn id(&mut self, name: &str, what: &str) -> Result<u16, SetError> {
+    fn id(&mut self, name: &str, what: &'static str) -> Result<u16, SetError> {
         if let Some(&id) = self.ids.get(name) {
             return Ok(id);
         }
-        let id = u16::try_from(self.names.len()).map_err(|_| {
-            SetError::TooLarge(format!("the training set has more than 65536 {what} names"))
-        })?;
+        let id = u16::try_from(self.names.len()).map_err(|_| SetError::TooManyNames { what })?;
         self.names.push(name.to_owned());
         self.ids.insert(name.to_owned(), id);
         Ok(id)
@@ -258,11 +271,7 @@ impl TrainingSet {
             return Err(SetError::Empty);
         }
         if specs.len() > usize::from(u16::MAX) {
-            return Err(SetError::TooLarge(format!(
-                "{} corpora in one training set (at most {})",
-                specs.len(),
-                u16::MAX
-            )));
+            return Err(SetError::TooManyCorpora { count: specs.len() });
         }
         let mut seen = std::collections::HashSet::new();
         let mut members: Vec<Member> = Vec::with_capacity(specs.len());
@@ -319,10 +328,7 @@ impl TrainingSet {
         }
         let total: usize = members.iter().map(|m| m.corpus.len()).sum();
         if total > u32::MAX as usize - 1 {
-            return Err(SetError::TooLarge(format!(
-                "{total} utterances in the training set (at most {})",
-                u32::MAX - 1
-            )));
+            return Err(SetError::TooManyUtterances { count: total });
         }
 
         let (mut languages, mut sources) = (Names::default(), Names::default());
@@ -345,7 +351,7 @@ impl TrainingSet {
             let table = |names: &mut Names,
                          own: &[String],
                          over: &Option<String>,
-                         what: &str|
+                         what: &'static str|
              -> Result<Vec<u16>, SetError> {
                 match over {
                     Some(name) => Ok(vec![names.id(name, what)?; own.len().max(1)]),

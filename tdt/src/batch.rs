@@ -44,14 +44,13 @@ impl BatchInput<'_> {
         self.validate_problem(opts)?;
         let block = self.block();
         if self.logits.len() != self.batch * block {
-            return Err(TdtError::Shape(format!(
-                "logits have {} values, expected {} x {} x {} x {}",
-                self.logits.len(),
-                self.batch,
-                self.t_max,
-                self.u_max + 1,
-                self.vocab + self.n_dur
-            )));
+            return Err(TdtError::LogitsLen {
+                got: self.logits.len(),
+                batch: self.batch,
+                t_max: self.t_max,
+                u1: self.u_max + 1,
+                width: self.vocab + self.n_dur,
+            });
         }
         Ok(())
     }
@@ -59,43 +58,48 @@ impl BatchInput<'_> {
     /// Everything [`BatchInput::validate`] checks except the logits' length (a device backend
     /// has them on the device): durations, vocabulary, targets and lengths.
     pub fn validate_problem(&self, opts: &TdtOptions) -> Result<(), TdtError> {
-        let bad = |m: String| Err(TdtError::Shape(m));
         if self.n_dur != opts.durations.len() {
-            return bad(format!(
-                "{} duration logits but {} durations",
-                self.n_dur,
-                opts.durations.len()
-            ));
+            return Err(TdtError::DurationLogits {
+                logits: self.n_dur,
+                durations: opts.durations.len(),
+            });
         }
         if self.vocab < 2 {
-            return bad(format!("vocab {} must include blank and at least one token", self.vocab));
+            return Err(TdtError::Vocab(self.vocab));
         }
         if self.targets.len() != self.batch * self.u_max {
-            return bad(format!(
-                "targets have {} values, expected {} x {}",
-                self.targets.len(),
-                self.batch,
-                self.u_max
-            ));
+            return Err(TdtError::TargetsLen {
+                got: self.targets.len(),
+                batch: self.batch,
+                u_max: self.u_max,
+            });
         }
         if self.frame_lens.len() != self.batch || self.target_lens.len() != self.batch {
-            return bad("one frame length and one target length per utterance".into());
+            return Err(TdtError::LengthCounts {
+                batch: self.batch,
+                frame_lens: self.frame_lens.len(),
+                target_lens: self.target_lens.len(),
+            });
         }
         for b in 0..self.batch {
             let (t, u) = (self.frame_lens[b], self.target_lens[b]);
             if t == 0 || t > self.t_max || u > self.u_max {
-                return bad(format!(
-                    "utterance {b}: {t} frames and {u} targets do not fit 1..={} x 0..={}",
-                    self.t_max, self.u_max
-                ));
+                return Err(TdtError::UtteranceLengths {
+                    utterance: b,
+                    frames: t,
+                    targets: u,
+                    t_max: self.t_max,
+                    u_max: self.u_max,
+                });
             }
             let row = &self.targets[b * self.u_max..b * self.u_max + u];
             if let Some(p) = row.iter().position(|&y| y as usize >= self.vocab - 1) {
-                return bad(format!(
-                    "utterance {b}: target {p} is {}, expected a non-blank id < {}",
-                    row[p],
-                    self.vocab - 1
-                ));
+                return Err(TdtError::Target {
+                    utterance: b,
+                    position: p,
+                    id: row[p],
+                    blank: self.vocab - 1,
+                });
             }
         }
         Ok(())

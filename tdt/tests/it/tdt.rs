@@ -2,10 +2,10 @@
 //! float64, finite differences, NeMo's golden values, identities; greedy decoding on scripted
 //! joints.
 
-use asr_trainer::tdt::batch::{self, BatchInput};
-use asr_trainer::tdt::cpu::{rnnt_utterance, tdt_utterance, Dims};
-use asr_trainer::tdt::greedy::{greedy_batch, GreedyOptions, Hypothesis, TdtDecoderModel};
-use asr_trainer::tdt::{Reduction, TdtOptions};
+use asr_tdt::batch::{self, BatchInput};
+use asr_tdt::cpu::{rnnt_utterance, tdt_utterance, Dims};
+use asr_tdt::greedy::{greedy_batch, GreedyOptions, Hypothesis, TdtDecoderModel};
+use asr_tdt::{Reduction, TdtError, TdtOptions};
 
 use asr_corpus::synth::SplitMix64;
 
@@ -408,14 +408,24 @@ fn bad_inputs_are_errors() {
     };
     let o = opts(&[0, 1, 2], 0.0);
     assert!(batch::loss(&good, &o, false, true).is_ok());
-    assert!(
-        batch::loss(&BatchInput { targets: &[2], ..good }, &o, false, true).is_err(),
+    let err =
+        |input: &BatchInput<'_>, o: &TdtOptions| batch::loss(input, o, false, true).unwrap_err();
+    assert_eq!(
+        err(&BatchInput { targets: &[2], ..good }, &o),
+        TdtError::Target { utterance: 0, position: 0, id: 2, blank: 2 },
         "blank as target"
     );
-    assert!(batch::loss(&BatchInput { frame_lens: &[3], ..good }, &o, false, true).is_err());
-    assert!(batch::loss(&BatchInput { n_dur: 2, ..good }, &o, false, true).is_err());
-    assert!(batch::loss(&good, &opts(&[1, 0], 0.0), false, true).is_err());
-    assert!(batch::loss(&good, &opts(&[0], 0.0), false, true).is_err());
+    assert_eq!(
+        err(&BatchInput { frame_lens: &[3], ..good }, &o),
+        TdtError::UtteranceLengths { utterance: 0, frames: 3, targets: 1, t_max: 2, u_max: 1 }
+    );
+    assert_eq!(
+        err(&BatchInput { n_dur: 2, ..good }, &o),
+        TdtError::DurationLogits { logits: 2, durations: 3 }
+    );
+    assert_eq!(err(&good, &opts(&[1, 0], 0.0)), TdtError::Durations(vec![1, 0]));
+    assert_eq!(err(&good, &opts(&[0], 0.0)), TdtError::NoAdvance(vec![0]));
+    assert_eq!(err(&good, &TdtOptions { omega: 1.5, ..o.clone() }), TdtError::Omega(1.5));
 }
 
 /// A scripted model: the joint's answer depends on (utterance, frame, labels emitted so far).
@@ -524,9 +534,9 @@ fn greedy_batch_equals_one_by_one() {
 pub(crate) use burn_op::check_backward;
 
 mod burn_op {
-    use asr_trainer::tdt::batch::{self, BatchInput};
-    use asr_trainer::tdt::op::{tdt_costs, TdtLoss, TdtProblem};
-    use asr_trainer::tdt::{Reduction, TdtOptions};
+    use asr_tdt::batch::{self, BatchInput};
+    use asr_tdt::op::{tdt_costs, TdtLoss, TdtProblem};
+    use asr_tdt::{Reduction, TdtOptions};
     use burn::backend::{Autodiff, NdArray};
     use burn::tensor::{Tensor, TensorData};
 
@@ -565,7 +575,7 @@ mod burn_op {
     /// autodiff backend whose inner backend implements the TDT operation.
     pub(crate) fn check_backward<B>(device: &B::Device)
     where
-        B: burn::tensor::backend::AutodiffBackend + asr_trainer::tdt::op::TdtBackend,
+        B: burn::tensor::backend::AutodiffBackend + asr_tdt::op::TdtBackend,
     {
         let (logits, targets, frames, lens) = case();
         let options =
@@ -601,7 +611,7 @@ mod burn_op {
     /// still held elsewhere are left as they were.
     #[test]
     fn cpu_gradient_is_written_over_unshared_logits() {
-        use asr_trainer::tdt::op::TdtBackend;
+        use asr_tdt::op::TdtBackend;
         use burn::backend::ndarray::NdArrayTensor;
         use burn::tensor::TensorPrimitive;
 
@@ -696,11 +706,9 @@ mod burn_op {
         // in-place CPU path, costs and gradients.
         use burn::tensor::TensorPrimitive;
         let prim = || x.clone().into_primitive().tensor();
-        let (c1, g1) =
-            asr_trainer::tdt::op::host_forward::<NdArray>(prim(), &problem, true).unwrap();
+        let (c1, g1) = asr_tdt::op::host_forward::<NdArray>(prim(), &problem, true).unwrap();
         let (c2, g2) =
-            <NdArray as asr_trainer::tdt::op::TdtBackend>::tdt_forward(prim(), &problem, true)
-                .unwrap();
+            <NdArray as asr_tdt::op::TdtBackend>::tdt_forward(prim(), &problem, true).unwrap();
         let data = |p| Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(p)).into_data();
         let data4 = |p| Tensor::<NdArray, 4>::from_primitive(TensorPrimitive::Float(p)).into_data();
         assert_eq!(data(c1), data(c2));

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use asr_corpus::synth::{SplitMix64, SynthSpec};
-use asr_corpus::{Corpus, CorpusWriter, TokenSlice, WriterOptions};
-use asr_trainer::{
-    epoch_draws_mixed, quota_cells, resolve_specs, DataSpec, Durations, EpochPlan, Mix,
+use asr_corpus::{Corpus, TokenSlice};
+use asr_plan::{
+    epoch_draws_mixed, quota_cells, resolve_specs, DataSpec, Durations, EpochPlan, Mix, PlanError,
     SamplerConfig, SamplerMode, SetError, TrainingSet, UtteranceSource, IDLE,
 };
 
@@ -33,12 +33,7 @@ pub fn write_corpus(
         ..SynthSpec::default()
     };
     let path = dir.join(name);
-    let opts = WriterOptions::new(spec.vocab_size, "sentencepiece", model.to_vec());
-    let mut w = CorpusWriter::create(&path, opts).unwrap();
-    for i in 0..n {
-        w.push(&spec.utterance(i).as_input()).unwrap();
-    }
-    w.finish().unwrap();
+    spec.write_corpus(&path, n, model).unwrap();
     path
 }
 
@@ -126,25 +121,31 @@ fn corpora_that_cannot_be_mixed_are_refused_naming_the_files() {
     let v2 = write_corpus(d, "v2.asrcorpus", &["en"], &["read"], 50, 3, b"model one");
     patch_header(&v2, &[(asr_corpus::layout::header_offset::FORMAT_VERSION, 2)]);
     assert!(TrainingSet::open(&[DataSpec::new(&v2)]).is_ok());
-    let m = msg(&[DataSpec::new(&a), DataSpec::new(&v2)]);
-    assert!(m.contains("format version") && names_both(&m, &a, &v2), "{m}");
+    let e = TrainingSet::open(&[DataSpec::new(&a), DataSpec::new(&v2)]).unwrap_err();
+    assert!(matches!(e, SetError::FormatVersion { .. }), "{e}");
+    assert!(names_both(&e.to_string(), &a, &v2), "{e}");
 
     // Version 1 fixes the rate at 16 kHz: another rate is refused when the corpus opens.
     let r8 = write_corpus(d, "r8.asrcorpus", &["en"], &["read"], 50, 4, b"model one");
     patch_header(&r8, &[(asr_corpus::layout::header_offset::SAMPLE_RATE, 8_000)]);
-    let m = msg(&[DataSpec::new(&a), DataSpec::new(&r8)]);
-    assert!(m.contains("sample_rate") && m.contains(&r8.display().to_string()), "{m}");
+    let e = TrainingSet::open(&[DataSpec::new(&a), DataSpec::new(&r8)]).unwrap_err();
+    assert!(matches!(&e, SetError::Open { path, .. } if path == &r8), "{e}");
+    assert!(e.to_string().contains("sample_rate"), "{e}");
 
-    let m = msg(&[DataSpec::new(&a), DataSpec::new(d.join("missing.asrcorpus"))]);
-    assert!(m.contains("missing.asrcorpus"), "{m}");
-    let m = msg(&[DataSpec::new(&a), DataSpec::new(d.join(".").join("a.asrcorpus"))]);
-    assert!(m.contains("listed twice"), "{m}");
+    let missing = d.join("missing.asrcorpus");
+    let e = TrainingSet::open(&[DataSpec::new(&a), DataSpec::new(&missing)]).unwrap_err();
+    assert!(matches!(&e, SetError::Open { path, .. } if path == &missing), "{e}");
+    let e = TrainingSet::open(&[DataSpec::new(&a), DataSpec::new(d.join(".").join("a.asrcorpus"))])
+        .unwrap_err();
+    assert!(matches!(e, SetError::Duplicate { .. }), "{e}");
     for w in [0.0, -1.0, f64::NAN] {
-        let m = msg(&[DataSpec { weight: w, ..DataSpec::new(&a) }]);
-        assert!(m.contains("weight") && m.contains("a.asrcorpus"), "{m}");
+        let e = TrainingSet::open(&[DataSpec { weight: w, ..DataSpec::new(&a) }]).unwrap_err();
+        assert!(matches!(&e, SetError::Weight { path, .. } if path == &a), "{e}");
+        assert!(msg(&[DataSpec { weight: w, ..DataSpec::new(&a) }]).contains("a.asrcorpus"));
     }
-    let m = msg(&[DataSpec { language: Some(" ".into()), ..DataSpec::new(&a) }]);
-    assert!(m.contains("language override is empty"), "{m}");
+    let e = TrainingSet::open(&[DataSpec { language: Some(" ".into()), ..DataSpec::new(&a) }])
+        .unwrap_err();
+    assert!(matches!(e, SetError::EmptyOverride { what: "language", .. }), "{e}");
 
     assert!(matches!(resolve_specs(&[], &[]), Err(SetError::Empty)));
     let both = resolve_specs(std::slice::from_ref(&a), &[DataSpec::new(&other)]).unwrap_err();
@@ -308,19 +309,20 @@ fn seed_mode_takes_every_utterance_of_every_corpus_once_and_refuses_weights() {
     }
     assert!(seen.iter().all(|&x| x == 1));
     let weighted = Mix { weights: &[1.0, 2.0, 1.0], ..mix };
-    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &weighted, &cfg, 0, 1, 1)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("temperature"), "{e}");
+    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &weighted, &cfg, 0, 1, 1);
+    assert_eq!(e.unwrap_err(), PlanError::WeightsNeedTemperature);
     let per_source = SamplerConfig { source_temperature: Some(0.5), ..cfg.clone() };
-    assert!(EpochPlan::build_mixed(Durations::Seconds(&d), &l, &mix, &per_source, 0, 1, 1).is_err());
+    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &mix, &per_source, 0, 1, 1);
+    assert_eq!(e.unwrap_err(), PlanError::SourceQuotasNeedTemperature);
     let bad_ends = Mix { corpus_ends: &[10, 5, l.len() as u32], ..mix };
-    assert!(EpochPlan::build_mixed(Durations::Seconds(&d), &l, &bad_ends, &cfg, 0, 1, 1).is_err());
+    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &bad_ends, &cfg, 0, 1, 1);
+    assert!(matches!(e, Err(PlanError::CorpusEnds { utterances, .. }) if utterances == l.len()));
     let short_sources = Mix { sources: &s[1..], ..mix };
-    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &short_sources, &cfg, 0, 1, 1)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("source ids") && e.contains(&l.len().to_string()), "{e}");
+    let e = EpochPlan::build_mixed(Durations::Seconds(&d), &l, &short_sources, &cfg, 0, 1, 1);
+    assert_eq!(
+        e.unwrap_err(),
+        PlanError::SourceCount { sources: l.len() - 1, utterances: l.len() }
+    );
 }
 
 #[test]

@@ -5,7 +5,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+/// A shape policy that cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum ShapeError {
+    /// The audio quantum is negative, infinite or NaN.
+    #[error("shape.audio_quantum_seconds {0} must be a finite number >= 0")]
+    AudioQuantum(f64),
+}
 
 /// Padded lengths are rounded up to these multiples (0: no rounding).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -43,12 +49,10 @@ impl ShapePolicy {
     }
 
     /// Checks the quantum is a finite, non-negative number of seconds.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), ShapeError> {
         let q = self.audio_quantum_seconds;
         if !q.is_finite() || q < 0.0 {
-            return Err(ConfigError::Invalid(format!(
-                "shape.audio_quantum_seconds {q} must be a finite number >= 0"
-            )));
+            return Err(ShapeError::AudioQuantum(q));
         }
         Ok(())
     }
@@ -69,6 +73,13 @@ mod tests {
         let exact = ShapePolicy::default();
         assert_eq!(exact.padded_samples(12_345, 16_000.0), 12_345);
         assert_eq!(exact.padded_tokens(7), 7);
-        assert!(ShapePolicy { audio_quantum_seconds: f64::NAN, ..exact }.validate().is_err());
+        assert!(matches!(
+            ShapePolicy { audio_quantum_seconds: f64::NAN, ..exact }.validate(),
+            Err(ShapeError::AudioQuantum(q)) if q.is_nan()
+        ));
+        assert_eq!(
+            ShapePolicy { audio_quantum_seconds: -1.0, ..exact }.validate(),
+            Err(ShapeError::AudioQuantum(-1.0))
+        );
     }
 }

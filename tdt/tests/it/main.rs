@@ -1,0 +1,9 @@
+//! Integration tests of the TDT loss and greedy decoding: one binary, one module per concern.
+
+// Test helpers outside #[test] functions may unwrap: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::type_complexity, missing_docs)]
+
+mod tdt;
+// The kernels run on Burn's wgpu backend (Mesa's lavapipe without a GPU).
+#[cfg(feature = "wgpu")]
+mod tdt_kernel;

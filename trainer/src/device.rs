@@ -1,0 +1,377 @@
+//! Devices as the command line names them, and the one place a Burn backend is chosen.
+//!
+//! `--device cpu|cuda:N|wgpu` and `--devices LIST` are parsed by clap through [`DeviceArgs`]
+//! into [`Devices`]: one kind of device, at least one, no CUDA ordinal twice (two ranks on one
+//! GPU would wait for each other in NCCL). A kind this build lacks is refused while parsing, so
+//! nothing later needs an `unreachable!`: the variants themselves exist only in builds that
+//! can run them.
+//!
+//! Work that is generic over the backend implements [`OnBackend`]; [`dispatch`] calls its one
+//! generic method with the backend the devices name (Burn's `examples/mnist` pattern: one arm
+//! per backend, each gated on its feature, all calling the same generic code). The work this
+//! crate runs is here too: a training run ([`RunOn`]) and an evaluation ([`EvalOn`]), with the
+//! CPU entry points the library offers (`run_cpu`, `run_cpu_ranks`, `evaluate_model_cpu`,
+//! instantiated in this optimised crate). This module sits above `train` and `eval`: they never
+//! choose a backend.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use asr_corpus::Corpus;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::config::TrainConfig;
+use crate::eval::{evaluate_source, EvalError, Evaluation};
+use crate::model_source::ModelSource;
+use crate::train::metrics::StepMetrics;
+use crate::train::parallel::DeviceAllReduce;
+use crate::train::run::{run_ranks, ProcessGroup, RunOptions, RunSummary};
+use crate::train::TrainError;
+use asr_tdt::op::TdtBackend;
+
+/// One device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU (Burn's NdArray backend).
+    Cpu,
+    /// CUDA device `N`.
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
+    /// wgpu's default adapter (a GPU through Vulkan, Metal or DX12; Mesa's software Vulkan
+    /// driver without one).
+    #[cfg(feature = "wgpu")]
+    Wgpu,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu => f.write_str("wgpu"),
+        }
+    }
+}
+
+/// Why a device list cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// Not a device name.
+    #[error("{0:?}: expected cpu, cuda:N or wgpu")]
+    Unknown(String),
+    /// A kind of device this build cannot run.
+    #[error("{given}: this asrt was built without {feature} (cargo build --features {feature})")]
+    NotBuilt {
+        /// The name given.
+        given: String,
+        /// The cargo feature that adds it.
+        feature: &'static str,
+    },
+    /// An empty list.
+    #[error("no device given")]
+    Empty,
+    /// Devices of different kinds in one list.
+    #[error("{0}: one kind of device per run (all cpu, all cuda:N or all wgpu)")]
+    Mixed(String),
+    /// One CUDA device listed twice.
+    #[error("cuda:{0} is listed twice: one rank per GPU (two would wait for each other in NCCL)")]
+    DuplicateCuda(usize),
+    /// A command that runs on one device was given several.
+    #[error("{0} devices given: this command runs on one")]
+    NotOne(usize),
+}
+
+impl FromStr for Device {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Device, DeviceError> {
+        let s = s.trim();
+        if s == "cpu" {
+            return Ok(Device::Cpu);
+        }
+        if let Some(n) = s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            #[cfg(feature = "cuda")]
+            return Ok(Device::Cuda(n));
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = n;
+                return Err(DeviceError::NotBuilt { given: s.to_owned(), feature: "cuda" });
+            }
+        }
+        if s == "wgpu" {
+            #[cfg(feature = "wgpu")]
+            return Ok(Device::Wgpu);
+            #[cfg(not(feature = "wgpu"))]
+            return Err(DeviceError::NotBuilt { given: s.to_owned(), feature: "wgpu" });
+        }
+        Err(DeviceError::Unknown(s.to_owned()))
+    }
+}
+
+/// The devices of one run: at least one, all of one kind, no CUDA device twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    /// `n` ranks on the CPU.
+    Cpu(usize),
+    /// One rank per listed CUDA device.
+    #[cfg(feature = "cuda")]
+    Cuda(Vec<usize>),
+    /// `n` ranks on wgpu's default adapter.
+    #[cfg(feature = "wgpu")]
+    Wgpu(usize),
+}
+
+impl Devices {
+    /// Checks a list of devices.
+    pub fn new(list: &[Device]) -> Result<Devices, DeviceError> {
+        let first = *list.first().ok_or(DeviceError::Empty)?;
+        let names = || list.iter().map(Device::to_string).collect::<Vec<_>>().join(",");
+        if list.iter().any(|d| std::mem::discriminant(d) != std::mem::discriminant(&first)) {
+            return Err(DeviceError::Mixed(names()));
+        }
+        Ok(match first {
+            Device::Cpu => Devices::Cpu(list.len()),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu => Devices::Wgpu(list.len()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                let mut ordinals = Vec::with_capacity(list.len());
+                for d in list {
+                    if let Device::Cuda(n) = *d {
+                        if ordinals.contains(&n) {
+                            return Err(DeviceError::DuplicateCuda(n));
+                        }
+                        ordinals.push(n);
+                    }
+                }
+                Devices::Cuda(ordinals)
+            }
+        })
+    }
+
+    /// Ranks in this process.
+    pub fn len(&self) -> usize {
+        match self {
+            Devices::Cpu(n) => *n,
+            #[cfg(feature = "cuda")]
+            Devices::Cuda(v) => v.len(),
+            #[cfg(feature = "wgpu")]
+            Devices::Wgpu(n) => *n,
+        }
+    }
+
+    /// Never true: a list holds at least one device.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Device> for Devices {
+    fn from(d: Device) -> Devices {
+        match d {
+            Device::Cpu => Devices::Cpu(1),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => Devices::Cuda(vec![n]),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu => Devices::Wgpu(1),
+        }
+    }
+}
+
+impl FromStr for Devices {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Devices, DeviceError> {
+        let list = s.split(',').map(str::parse).collect::<Result<Vec<Device>, _>>()?;
+        Devices::new(&list)
+    }
+}
+
+/// `--device` and `--devices`, shared by the commands that run a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeviceArgs {
+    /// `cpu`, `cuda:N` (needs a build with --features cuda) or `wgpu` (the default adapter:
+    /// a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
+    #[arg(long, default_value = "cpu", conflicts_with = "devices")]
+    pub device: Device,
+    /// Data-parallel: one rank per listed device of this process (`cpu,cpu` or
+    /// `cuda:0,cuda:1,...`: one kind per run, no CUDA device twice); with RANK/WORLD_SIZE (or
+    /// SLURM_PROCID/SLURM_NTASKS) and MASTER_ADDR/MASTER_PORT set, this process is one of
+    /// several (one per node).
+    #[arg(long, value_name = "LIST")]
+    pub devices: Option<Devices>,
+}
+
+impl DeviceArgs {
+    /// The devices given.
+    pub fn devices(&self) -> Devices {
+        match &self.devices {
+            Some(d) => d.clone(),
+            None => Devices::from(self.device),
+        }
+    }
+
+    /// The one device of a command that runs on one.
+    pub fn one(&self) -> Result<Devices, DeviceError> {
+        let d = self.devices();
+        if d.len() != 1 {
+            return Err(DeviceError::NotOne(d.len()));
+        }
+        Ok(d)
+    }
+}
+
+/// Work that runs on whichever backend the devices name.
+pub trait OnBackend {
+    /// What the work returns.
+    type Output;
+
+    /// Runs the work with one Burn device per rank of this process.
+    fn run<B>(self, devices: Vec<B::Device>) -> Self::Output
+    where
+        B: AutodiffBackend + TdtBackend,
+        B::InnerBackend: DeviceAllReduce;
+}
+
+/// Runs `work` on the backend `devices` name: the only place a backend type is chosen.
+pub fn dispatch<W: OnBackend>(devices: &Devices, work: W) -> W::Output {
+    use burn::backend::Autodiff;
+    match devices {
+        Devices::Cpu(n) => {
+            work.run::<Autodiff<burn::backend::NdArray>>(vec![Default::default(); *n])
+        }
+        #[cfg(feature = "cuda")]
+        Devices::Cuda(ordinals) => work.run::<Autodiff<burn::backend::Cuda>>(
+            ordinals.iter().map(|&n| burn::backend::cuda::CudaDevice::new(n)).collect(),
+        ),
+        #[cfg(feature = "wgpu")]
+        Devices::Wgpu(n) => work.run::<Autodiff<burn::backend::Wgpu>>(vec![
+            burn::backend::wgpu::WgpuDevice::DefaultDevice;
+            *n
+        ]),
+    }
+}
+
+// The work this crate runs, and its CPU entry points for library users and tests (instantiated
+// in this optimised crate).
+
+/// A run as work for [`dispatch`]: [`run_ranks`] on whichever backend the devices name.
+pub struct RunOn<'a> {
+    /// The configuration.
+    pub cfg: TrainConfig,
+    /// The run's options.
+    pub opts: &'a RunOptions,
+    /// The other processes, if any.
+    pub processes: Option<ProcessGroup>,
+    /// Called after every step on this process's first rank.
+    pub on_step: &'a mut dyn FnMut(&StepMetrics, u64),
+}
+
+impl OnBackend for RunOn<'_> {
+    type Output = Result<RunSummary, TrainError>;
+
+    fn run<B>(self, devices: Vec<B::Device>) -> Self::Output
+    where
+        B: AutodiffBackend + TdtBackend,
+        B::InnerBackend: DeviceAllReduce,
+    {
+        run_ranks::<B>(self.cfg, self.opts, devices, self.processes, self.on_step)
+    }
+}
+
+/// [`crate::train::run::run`] on the CPU backend.
+pub fn run_cpu(
+    cfg: TrainConfig,
+    opts: &RunOptions,
+    on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> Result<RunSummary, TrainError> {
+    run_cpu_ranks(cfg, opts, 1, None, on_step)
+}
+
+/// [`run_ranks`] on the CPU backend: `ranks` ranks in this process (threads), times the
+/// processes of `processes`.
+pub fn run_cpu_ranks(
+    cfg: TrainConfig,
+    opts: &RunOptions,
+    ranks: usize,
+    processes: Option<ProcessGroup>,
+    on_step: &mut dyn FnMut(&StepMetrics, u64),
+) -> Result<RunSummary, TrainError> {
+    dispatch(&Devices::Cpu(ranks), RunOn { cfg, opts, processes, on_step })
+}
+
+/// An evaluation as work for [`dispatch`]: [`evaluate_source`] on the first device.
+pub struct EvalOn<'a> {
+    /// The model.
+    pub source: &'a ModelSource,
+    /// The corpus to decode.
+    pub corpus: &'a Corpus,
+    /// Decode only the first `limit` utterances.
+    pub limit: Option<usize>,
+    /// Audio seconds per decoding batch.
+    pub batch_seconds: f64,
+}
+
+impl OnBackend for EvalOn<'_> {
+    type Output = Result<Evaluation, EvalError>;
+
+    fn run<B>(self, devices: Vec<B::Device>) -> Self::Output
+    where
+        B: AutodiffBackend + TdtBackend,
+        B::InnerBackend: DeviceAllReduce,
+    {
+        // Decoding needs no gradients: the inner backend, on the same device.
+        let device = devices.into_iter().next().ok_or(EvalError::NoDevice)?;
+        evaluate_source::<B::InnerBackend>(
+            self.source,
+            self.corpus,
+            self.limit,
+            self.batch_seconds,
+            &device,
+        )
+    }
+}
+
+/// [`evaluate_source`] of the model at `path` ([`ModelSource::resolve`]) on the CPU backend.
+pub fn evaluate_model_cpu(
+    path: &Path,
+    corpus: &Corpus,
+    limit: Option<usize>,
+    batch_seconds: f64,
+) -> Result<Evaluation, EvalError> {
+    let source = ModelSource::resolve(path)?;
+    dispatch(&Devices::Cpu(1), EvalOn { source: &source, corpus, limit, batch_seconds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists_are_checked_while_parsing() {
+        assert_eq!("cpu".parse::<Devices>(), Ok(Devices::Cpu(1)));
+        assert_eq!("cpu, cpu".parse::<Devices>(), Ok(Devices::Cpu(2)));
+        assert_eq!("".parse::<Devices>(), Err(DeviceError::Unknown(String::new())));
+        assert_eq!("tpu:0".parse::<Device>(), Err(DeviceError::Unknown("tpu:0".into())));
+        assert_eq!("cuda:x".parse::<Device>(), Err(DeviceError::Unknown("cuda:x".into())));
+        #[cfg(not(feature = "cuda"))]
+        assert_eq!(
+            "cuda:0".parse::<Device>(),
+            Err(DeviceError::NotBuilt { given: "cuda:0".into(), feature: "cuda" })
+        );
+        #[cfg(feature = "cuda")]
+        {
+            assert_eq!("cuda:0,cuda:1".parse::<Devices>(), Ok(Devices::Cuda(vec![0, 1])));
+            assert_eq!("cuda:0,cuda:0".parse::<Devices>(), Err(DeviceError::DuplicateCuda(0)));
+            assert!(matches!("cpu,cuda:0".parse::<Devices>(), Err(DeviceError::Mixed(_))));
+        }
+        #[cfg(feature = "wgpu")]
+        {
+            assert_eq!("wgpu,wgpu".parse::<Devices>(), Ok(Devices::Wgpu(2)));
+            assert_eq!("cpu,wgpu".parse::<Devices>(), Err(DeviceError::Mixed("cpu,wgpu".into())));
+        }
+    }
+}
