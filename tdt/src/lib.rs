@@ -250,8 +250,7 @@ impl TdtOptions {
         if !self.sigma.is_finite() {
             return Err(TdtError::Sigma(self.sigma));
         }
-        // Written so that NaN is refused too.
-        if !(self.fastemit_lambda >= 0.0) {
+        if self.fastemit_lambda.is_nan() || self.fastemit_lambda < 0.0 {
             return Err(TdtError::FastEmit(self.fastemit_lambda));
         }
         Ok(())

@@ -71,7 +71,7 @@ pub use train::metrics::StepMetrics;
 pub use train::out_of_memory::lattice_cells;
 pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};
 pub use train::run::{run, run_ranks, ProcessGroup, RunOptions, RunSummary};
-pub use train::{OutOfMemory, RankBatches, StepGradients, TrainError, Trainer};
+pub use train::{OutOfMemory, RankBatches, ResumeMismatch, StepGradients, TrainError, Trainer};
 
 /// Runs one `asrt` command line; the binary maps the error to exit code 2.
 pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {

@@ -13,6 +13,7 @@ use burn_store::ModuleSnapshot;
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::model::{ModelConfig, TdtModel};
+use crate::nemo::config::OptimSettings;
 use crate::nemo::{self, ImportError};
 use asr_tdt::TdtOptions;
 
@@ -94,6 +95,25 @@ pub struct SourceInfo {
     pub tokenizer: TokenizerId,
     /// Optimizer steps done, for a checkpoint.
     pub step: Option<u64>,
+    /// The optimizer it was trained with, for a checkpoint.
+    pub optim: Option<OptimSettings>,
+}
+
+/// A checkpoint's settings from its state.
+fn from_state(state: crate::checkpoint::TrainState) -> SourceInfo {
+    let o = &state.config.optim;
+    SourceInfo {
+        tokenizer: TokenizerId { xxh3: state.tokenizer_xxh3, vocab: state.vocab },
+        optim: Some(OptimSettings {
+            lr: o.lr,
+            betas: o.betas,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+        }),
+        model: state.config.model,
+        loss: state.config.loss,
+        step: Some(state.step),
+    }
 }
 
 /// A loaded model with its settings.
@@ -173,15 +193,7 @@ impl ModelSource {
     /// The source's settings, without reading its weights.
     pub fn describe(&self) -> Result<SourceInfo, ModelSourceError> {
         Ok(match self {
-            ModelSource::Checkpoint(p) => {
-                let state = checkpoint::load_state(p)?;
-                SourceInfo {
-                    tokenizer: TokenizerId { xxh3: state.tokenizer_xxh3, vocab: state.vocab },
-                    model: state.config.model,
-                    loss: state.config.loss,
-                    step: Some(state.step),
-                }
-            }
+            ModelSource::Checkpoint(p) => from_state(checkpoint::load_state(p)?),
             ModelSource::Nemo(p) | ModelSource::Imported(p) => from_model_info(nemo::describe(p)?),
         })
     }
@@ -218,13 +230,7 @@ impl ModelSource {
         Ok(match self {
             ModelSource::Checkpoint(p) => {
                 let (model, state) = checkpoint::load_for_inference::<B>(p, device)?;
-                let info = SourceInfo {
-                    tokenizer: TokenizerId { xxh3: state.tokenizer_xxh3, vocab: state.vocab },
-                    model: state.config.model,
-                    loss: state.config.loss,
-                    step: Some(state.step),
-                };
-                Loaded { model, info, tokenizer_model: None }
+                Loaded { model, info: from_state(state), tokenizer_model: None }
             }
             ModelSource::Imported(p) => {
                 let (model, info, tok) = nemo::read_dir::<B>(p, device)?;
@@ -248,6 +254,7 @@ fn from_model_info(i: nemo::ModelInfo) -> SourceInfo {
         model: i.model,
         loss: i.loss,
         step: None,
+        optim: None,
     }
 }
 

@@ -236,3 +236,47 @@ impl EntryWriter {
         self.out.get_ref().sync_all()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(rows: u64, dropped: u64, lang: &str, hours: f64, wall: f64) -> Summary {
+        Summary {
+            input: "in.parquet".into(),
+            output: "p.asrcorpus".into(),
+            rows,
+            kept: rows - dropped,
+            dropped,
+            dropped_by_reason: [(Reason::DuplicateRow, dropped)].into(),
+            hours_before: [(lang.to_owned(), hours)].into(),
+            hours_after: [(lang.to_owned(), hours)].into(),
+            decoded_hours: hours,
+            wall_seconds: wall,
+            jobs: 2,
+            stage_seconds: StageSeconds { decode: wall, ..StageSeconds::default() },
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn summaries_add_counts_hours_and_times_and_keep_what_does_not_add_up() {
+        let mut a = part(10, 1, "en", 0.5, 2.0);
+        a.add(&part(6, 2, "de", 0.25, 1.0));
+        a.add(&part(4, 0, "en", 0.25, 1.0));
+        assert_eq!((a.rows, a.kept, a.dropped), (20, 17, 3));
+        assert_eq!(a.dropped_by_reason[&Reason::DuplicateRow], 3);
+        assert_eq!(a.hours_after["en"], 0.75);
+        assert_eq!(a.hours_before["de"], 0.25);
+        assert_eq!((a.decoded_hours, a.wall_seconds, a.stage_seconds.decode), (1.0, 4.0, 4.0));
+        assert_eq!((a.input.as_str(), a.jobs), ("in.parquet", 2));
+        assert_eq!(a.realtime_factor, 3600.0 / 4.0);
+        assert_eq!(a.realtime_factor_per_job, 3600.0 / 8.0);
+        a.drop_kept(Reason::DuplicateAudio, "en", 0.25);
+        assert_eq!((a.kept, a.dropped, a.hours_after["en"]), (16, 4, 0.5));
+        assert_eq!(a.dropped_by_reason[&Reason::DuplicateAudio], 1);
+        // A report read back from its JSON adds the same.
+        let back: Summary = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back, a);
+    }
+}

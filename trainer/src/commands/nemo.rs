@@ -93,15 +93,15 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         vocab: crate::tokenizer::Pieces::parse(&tokenizer)?.len(),
     };
     source.check_tokenizer(&loaded.info, &given, Expected::Given)?;
-    let (model, cfg, loss, from) =
-        (loaded.model, loaded.info.model, loaded.info.loss, source.path().to_owned());
-    nemo::export(&model, &cfg, &loss, &tokenizer, &args.out)?;
+    let (model, info, from) = (loaded.model, loaded.info, source.path().to_owned());
+    let cfg = &info.model;
+    nemo::export(&model, cfg, &info.loss, info.optim.as_ref(), &tokenizer, &args.out)?;
     let vocab = crate::tokenizer::Pieces::parse(&tokenizer)?.len();
     println!(
         "exported {} to {} ({} trainable parameters, vocabulary {vocab}, durations {:?})",
         from.display(),
         args.out.display(),
-        nemo::weights::parameter_count(&cfg, vocab),
+        nemo::weights::parameter_count(cfg, vocab),
         cfg.durations
     );
     Ok(ExitCode::SUCCESS)

@@ -115,8 +115,11 @@ pub fn evaluate<B: Backend>(
     let pieces = Pieces::parse(corpus.tokenizer_model())?;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
     let frontend = MelFrontend::<B>::new(&cfg.preprocessor, device);
-    let opts =
-        GreedyOptions { vocab: vocab + 1, durations: cfg.durations.clone(), max_symbols: Some(10) };
+    let opts = GreedyOptions {
+        vocab: vocab + 1,
+        durations: cfg.durations.clone(),
+        max_symbols: cfg.max_symbols,
+    };
     let mut order = indices.to_vec();
     order.sort_by_key(|&i| corpus.num_samples()[i]);
     let mut out = Evaluation::default();

@@ -135,6 +135,9 @@ pub struct ModelConfig {
     pub joint: JointConfig,
     /// TDT durations.
     pub durations: Vec<usize>,
+    /// Greedy decoding emits at most this many labels on one frame (NeMo's
+    /// `decoding.greedy.max_symbols`; Parakeet: 10); `None`: no limit.
+    pub max_symbols: Option<usize>,
 }
 
 impl Default for ModelConfig {
@@ -163,6 +166,7 @@ impl ModelConfig {
             decoder: PredictionConfig { pred_hidden: 640, pred_rnn_layers: 2 },
             joint: JointConfig { joint_hidden: 640 },
             durations: vec![0, 1, 2, 3, 4],
+            max_symbols: Some(10),
         }
     }
 
@@ -190,6 +194,7 @@ impl ModelConfig {
             decoder: PredictionConfig { pred_hidden: 96, pred_rnn_layers: 1 },
             joint: JointConfig { joint_hidden: 96 },
             durations: vec![0, 1, 2, 3, 4],
+            max_symbols: Some(10),
         }
     }
 

@@ -334,6 +334,19 @@ pub fn read(archive: &Archive, vocab: usize) -> Result<NemoConfig, ImportError> 
     };
     r.expect("joint.jointnet.activation", "relu", &["relu"], "a ReLU joint")?;
     let joint = JointConfig { joint_hidden: r.usize("joint.jointnet.joint_hidden", None)? };
+    // This prediction network and joint have no dropout: a fine-tune runs without theirs.
+    for key in ["decoder.prednet.dropout", "joint.jointnet.dropout"] {
+        let p = r.float(key, Some(0.0))?;
+        if p > 0.0 {
+            ignored.push(format!("{key} {p} (not implemented: fine-tuning runs without it)"));
+        }
+    }
+    let max_symbols = match archive.get("decoding.greedy.max_symbols") {
+        Some(Yaml::Null) => None,
+        Some(_) => Some(r.usize("decoding.greedy.max_symbols", None)?),
+        // NeMo's default for greedy TDT decoding.
+        None => Some(10),
+    };
     for key in ["decoder.vocab_size", "joint.num_classes"] {
         if let Some(v) = archive.get(key).and_then(Yaml::as_i64) {
             if v != vocab as i64 {
@@ -352,7 +365,8 @@ pub fn read(archive: &Archive, vocab: usize) -> Result<NemoConfig, ImportError> 
         clamp: r.float(&format!("{kw}.clamp"), Some(-1.0))?,
         ..defaults
     };
-    let model = ModelConfig { preprocessor, spec_augment, encoder, decoder, joint, durations };
+    let model =
+        ModelConfig { preprocessor, spec_augment, encoder, decoder, joint, durations, max_symbols };
     model.validate().map_err(|e| r.err("encoder", e.to_string()))?;
     Ok(NemoConfig { model, loss, vocab, class, ignored, ignored_prefixes })
 }
@@ -387,10 +401,27 @@ pub struct ArtifactNames {
     pub spe_vocab: String,
 }
 
+/// The optimizer settings an export records, where the source has them (a training checkpoint).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimSettings {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// AdamW betas.
+    pub betas: (f64, f64),
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+}
+
 /// `model_config.yaml` for NeMo's `EncDecRNNTBPEModel` with this model, loss and tokenizer.
+/// Every value is the model's own: dropout 0 in the prediction network and joint (this model has
+/// none there), its `max_symbols`, its loss options, and the optimizer it was trained with when
+/// known (`optim` is left out otherwise: NeMo reads it only to train).
 pub fn write(
     cfg: &ModelConfig,
     loss: &TdtOptions,
+    optim: Option<&OptimSettings>,
     pieces: &[String],
     names: &ArtifactNames,
 ) -> String {
@@ -475,7 +506,7 @@ decoder:
     pred_hidden: {pred_hidden}
     pred_rnn_layers: {pred_layers}
     t_max: null
-    dropout: 0.2
+    dropout: 0.0
 joint:
   _target_: nemo.collections.asr.modules.RNNTJoint
   log_softmax: null
@@ -486,7 +517,7 @@ joint:
   jointnet:
     joint_hidden: {joint_hidden}
     activation: relu
-    dropout: 0.2
+    dropout: 0.0
     encoder_hidden: {d_model}
     pred_hidden: {pred_hidden}
 decoding:
@@ -494,7 +525,7 @@ decoding:
   model_type: tdt
   durations: {durations}
   greedy:
-    max_symbols: 10
+    max_symbols: {max_symbols}
 loss:
   loss_name: tdt
   tdt_kwargs:
@@ -503,11 +534,13 @@ loss:
     durations: {durations}
     sigma: {sigma}
     omega: {omega}
-optim:
-  name: adamw
-  lr: 0.0001
-target: nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel
+{optim}target: nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel
 ",
+        max_symbols = cfg.max_symbols.map_or("null".to_owned(), |m| m.to_string()),
+        optim = optim.map_or(String::new(), |o| format!(
+            "optim:\n  name: adamw\n  lr: {:e}\n  betas: [{}, {}]\n  eps: {:e}\n  weight_decay: {}\n",
+            o.lr, o.betas.0, o.betas.1, o.eps, o.weight_decay
+        )),
         sample_rate = p.sample_rate,
         d_model = e.d_model,
         pred_hidden = cfg.decoder.pred_hidden,

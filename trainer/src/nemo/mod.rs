@@ -283,6 +283,7 @@ pub fn export<B: Backend>(
     model: &TdtModel<B>,
     cfg: &ModelConfig,
     loss: &TdtOptions,
+    optim: Option<&config::OptimSettings>,
     tokenizer: &[u8],
     out: &Path,
 ) -> Result<(), ImportError> {
@@ -301,7 +302,7 @@ pub fn export<B: Backend>(
     // SentencePiece's own vocabulary listing: piece, tab, score.
     let spe_vocab: String =
         (0..vocab).map(|i| format!("{}\t{}\n", pieces.piece(i), pieces.score(i))).collect();
-    let yaml = config::write(cfg, loss, &texts, &names);
+    let yaml = config::write(cfg, loss, optim, &texts, &names);
     let sd = weights::state_dict(model, cfg, vocab)?;
     let mut ckpt = std::io::Cursor::new(Vec::new());
     torch_file::write_state_dict(&mut ckpt, "model_weights", &sd)

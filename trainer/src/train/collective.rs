@@ -40,12 +40,90 @@ pub enum CollectiveError {
         /// What it reported, or how its connection ended.
         why: String,
     },
-    /// The ranks do not run the same thing.
-    #[error("{0}")]
-    Mismatch(String),
-    /// A network operation failed.
-    #[error("{0}")]
-    Network(String),
+    /// A rank runs another world size, config, training set or binary than rank 0.
+    #[error(
+        "rank {rank} runs world size {world} and fingerprint {fingerprint:016x}, rank 0 world \
+         size {ours_world} and fingerprint {ours_fingerprint:016x}: every rank needs the same \
+         asrt binary, config and training set"
+    )]
+    Fingerprint {
+        /// The rank that greeted rank 0.
+        rank: usize,
+        /// Its world size.
+        world: usize,
+        /// Its fingerprint.
+        fingerprint: u64,
+        /// Rank 0's world size.
+        ours_world: usize,
+        /// Rank 0's fingerprint.
+        ours_fingerprint: u64,
+    },
+    /// Something that is not an asrt rank connected to rank 0.
+    #[error("a connection that is not an asrt rank reached rank 0")]
+    NotARank,
+    /// A rank greeted rank 0 twice, or is not one of the world's ranks.
+    #[error("rank {rank} joined twice or is outside world size {world}")]
+    BadRank {
+        /// The rank it claimed.
+        rank: usize,
+        /// Ranks in all.
+        world: usize,
+    },
+    /// Rank 0 refused this rank, for the reason it sent.
+    #[error("rank 0 refused this rank: {0}")]
+    Refused(String),
+    /// A socket operation failed.
+    #[error("{action}: {detail}")]
+    Io {
+        /// What was being done ("listening on 10.0.0.1:29500", "greeting rank 0", ...).
+        action: String,
+        /// The error's kind.
+        kind: std::io::ErrorKind,
+        /// The operating system's message.
+        detail: String,
+    },
+    /// Rank 0's address names no host.
+    #[error("{addr} has no address")]
+    NoAddress {
+        /// `MASTER_ADDR:MASTER_PORT`.
+        addr: String,
+    },
+    /// Rank 0 could not be reached before the timeout.
+    #[error("rank {rank} could not reach rank 0 at {addr} within {seconds} s: {detail}")]
+    Unreachable {
+        /// This rank.
+        rank: usize,
+        /// Rank 0's address.
+        addr: String,
+        /// The timeout.
+        seconds: f64,
+        /// The last connection error.
+        detail: String,
+    },
+    /// A peer sent bytes that do not decode.
+    #[error("rank {rank} sent a malformed {what}")]
+    Malformed {
+        /// The sender.
+        rank: usize,
+        /// What was expected.
+        what: &'static str,
+    },
+    /// NCCL (or the CUDA driver under it) failed.
+    #[error("NCCL, {what}: {detail} (is libnccl installed?)")]
+    Nccl {
+        /// The step that failed.
+        what: &'static str,
+        /// cudarc's error.
+        detail: String,
+    },
+    /// A rank's gradients or step record could not be read or written.
+    #[error("{what}: {detail}")]
+    Exchange {
+        /// What was being exchanged.
+        what: String,
+        /// Why it failed.
+        detail: String,
+    },
     /// Arrays of different lengths were reduced (a bug).
     #[error("rank {rank} reduced {len} values, rank 0 {expected}")]
     Length {
@@ -266,8 +344,12 @@ pub struct TcpGroup {
     peers: Vec<TcpStream>,
 }
 
-fn net(what: &str) -> impl FnOnce(std::io::Error) -> CollectiveError + '_ {
-    move |e| CollectiveError::Network(format!("{what}: {e}"))
+fn net(action: &str) -> impl FnOnce(std::io::Error) -> CollectiveError + '_ {
+    move |e| CollectiveError::Io {
+        action: action.to_owned(),
+        kind: e.kind(),
+        detail: e.to_string(),
+    }
 }
 
 fn write_frame(s: &mut TcpStream, kind: u8, body: &[u8]) -> std::io::Result<()> {
@@ -328,10 +410,7 @@ impl TcpGroup {
     /// timeout, as rank 0 may start later).
     pub fn join(r: &Rendezvous) -> Result<TcpGroup, CollectiveError> {
         if r.rank >= r.world {
-            return Err(CollectiveError::Mismatch(format!(
-                "rank {} is outside world size {}",
-                r.rank, r.world
-            )));
+            return Err(CollectiveError::BadRank { rank: r.rank, world: r.world });
         }
         let deadline = Instant::now() + r.timeout;
         let hello = |rank: usize| {
@@ -353,7 +432,7 @@ impl TcpGroup {
         }
         if r.rank == 0 {
             let listener = TcpListener::bind(&r.addr)
-                .map_err(|e| CollectiveError::Network(format!("listening on {}: {e}", r.addr)))?;
+                .map_err(|e| net(&format!("listening on {}", r.addr))(e))?;
             listener.set_nonblocking(true).map_err(net("listening"))?;
             let mut by_rank: Vec<Option<TcpStream>> = (0..r.world).map(|_| None).collect();
             while by_rank[1..].iter().any(Option::is_none) {
@@ -371,7 +450,7 @@ impl TcpGroup {
                         std::thread::sleep(Duration::from_millis(20));
                         continue;
                     }
-                    Err(e) => return Err(CollectiveError::Network(format!("accepting: {e}"))),
+                    Err(e) => return Err(net("accepting")(e)),
                 };
                 s.set_nonblocking(false).map_err(net("accepting"))?;
                 configure(&s)?;
@@ -381,26 +460,28 @@ impl TcpGroup {
                     u64::from_le_bytes(h[8 + 8 * k..16 + 8 * k].try_into().unwrap_or_default())
                 };
                 let (rank, world, fingerprint) = (field(0) as usize, field(1) as usize, field(2));
-                let refuse = |s: &mut TcpStream, why: String| {
-                    let _ = write_frame(s, ABORT, why.as_bytes());
-                    Err(CollectiveError::Mismatch(why))
+                // The refused rank is told why, in the words rank 0 reports.
+                let refuse = |s: &mut TcpStream, e: CollectiveError| {
+                    let _ = write_frame(s, ABORT, e.to_string().as_bytes());
+                    Err(e)
                 };
                 if &h[..8] != MAGIC {
-                    return refuse(&mut s, "a connection that is not an asrt rank".into());
+                    return refuse(&mut s, CollectiveError::NotARank);
                 }
                 if world != r.world || fingerprint != r.fingerprint {
                     return refuse(
                         &mut s,
-                        format!(
-                            "rank {rank} runs world size {world} and fingerprint {fingerprint:016x}, \
-                             rank 0 world size {} and fingerprint {:016x}: every rank needs the \
-                             same asrt binary, config and training set",
-                            r.world, r.fingerprint
-                        ),
+                        CollectiveError::Fingerprint {
+                            rank,
+                            world,
+                            fingerprint,
+                            ours_world: r.world,
+                            ours_fingerprint: r.fingerprint,
+                        },
                     );
                 }
                 if rank == 0 || rank >= r.world || by_rank[rank].is_some() {
-                    return refuse(&mut s, format!("rank {rank} joined twice or is out of range"));
+                    return refuse(&mut s, CollectiveError::BadRank { rank, world: r.world });
                 }
                 write_frame(&mut s, DATA, b"ok").map_err(net("greeting a rank"))?;
                 by_rank[rank] = Some(s);
@@ -408,19 +489,19 @@ impl TcpGroup {
             group.peers = by_rank.into_iter().flatten().collect();
         } else {
             let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(&r.addr)
-                .map_err(|e| CollectiveError::Network(format!("resolving {}: {e}", r.addr)))?
+                .map_err(|e| net(&format!("resolving {}", r.addr))(e))?
                 .next()
-                .ok_or_else(|| CollectiveError::Network(format!("{} has no address", r.addr)))?;
+                .ok_or_else(|| CollectiveError::NoAddress { addr: r.addr.clone() })?;
             let mut s = loop {
                 match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
                     Ok(s) => break s,
                     Err(e) if Instant::now() >= deadline => {
-                        return Err(CollectiveError::Network(format!(
-                            "rank {} could not reach rank 0 at {} within {} s: {e}",
-                            r.rank,
-                            r.addr,
-                            r.timeout.as_secs_f64()
-                        )))
+                        return Err(CollectiveError::Unreachable {
+                            rank: r.rank,
+                            addr: r.addr.clone(),
+                            seconds: r.timeout.as_secs_f64(),
+                            detail: e.to_string(),
+                        })
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
@@ -430,7 +511,7 @@ impl TcpGroup {
             match read_frame(&mut s) {
                 Ok((DATA, _)) => {}
                 Ok((_, why)) => {
-                    return Err(CollectiveError::Mismatch(String::from_utf8_lossy(&why).into()))
+                    return Err(CollectiveError::Refused(String::from_utf8_lossy(&why).into()))
                 }
                 Err(e) => return Err(peer_error(0, r.world, r.timeout, &e)),
             }
@@ -475,9 +556,8 @@ impl Collective for TcpGroup {
             let s = &mut self.peers[0];
             write_frame(s, DATA, mine).map_err(|e| peer_error(0, world, timeout, &e))?;
             match read_frame(s) {
-                Ok((DATA, body)) => decode_all(&body, world).ok_or_else(|| {
-                    CollectiveError::Network("rank 0 sent a malformed gather".into())
-                }),
+                Ok((DATA, body)) => decode_all(&body, world)
+                    .ok_or(CollectiveError::Malformed { rank: 0, what: "gather" }),
                 Ok((_, why)) => {
                     let why = String::from_utf8_lossy(&why).into_owned();
                     // Rank 0 relays the rank that stopped in its message.
@@ -622,8 +702,16 @@ mod tests {
         let r0 = Rendezvous { addr: addr.clone(), world: 2, ..rdv(0, 1) };
         let r1 = Rendezvous { addr, world: 2, ..rdv(1, 2) };
         let h0 = std::thread::spawn(move || TcpGroup::join(&r0).map(|_| ()));
-        let e1 = TcpGroup::join(&r1).unwrap_err().to_string();
-        let e0 = h0.join().unwrap().unwrap_err().to_string();
-        assert!(e0.contains("fingerprint") && e1.contains("fingerprint"), "{e0} / {e1}");
+        let e1 = TcpGroup::join(&r1).unwrap_err();
+        let e0 = h0.join().unwrap().unwrap_err();
+        let want = CollectiveError::Fingerprint {
+            rank: 1,
+            world: 2,
+            fingerprint: 2,
+            ours_world: 2,
+            ours_fingerprint: 1,
+        };
+        assert_eq!(e0, want);
+        assert_eq!(e1, CollectiveError::Refused(want.to_string()));
     }
 }

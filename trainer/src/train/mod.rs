@@ -41,13 +41,96 @@ use crate::eval::EvalError;
 use crate::model::augment::SpecAugmentDraws;
 use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
+use crate::model_source::TokenizerId;
 use asr_plan::batcher::{Audio, LoaderError, PaddedBatch};
 use asr_plan::rng::{self, Stream};
 use asr_plan::sampler::PlanError;
-use asr_plan::set::{SetError, TrainingSet};
+use asr_plan::set::{CorpusIdentity, SetError, TrainingSet};
 use asr_tdt::op::{TdtBackend, TdtLoss};
 use metrics::StepMetrics;
 pub use out_of_memory::OutOfMemory;
+
+/// How a checkpoint's run differs from the one resuming it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResumeMismatch {
+    /// Another model configuration or vocabulary.
+    #[error("trained with another model configuration or vocabulary")]
+    Model,
+    /// Another training set (utterance count or tokenizer).
+    #[error(
+        "trained on another training set ({saved_utterances} utterances, tokenizer \
+         {saved_tokenizer}) than {corpora} ({utterances} utterances, tokenizer {tokenizer})"
+    )]
+    TrainingSet {
+        /// Utterances the checkpoint's set had.
+        saved_utterances: u64,
+        /// Its tokenizer.
+        saved_tokenizer: TokenizerId,
+        /// The corpora resuming.
+        corpora: String,
+        /// Their utterances.
+        utterances: u64,
+        /// Their tokenizer.
+        tokenizer: TokenizerId,
+    },
+    /// Another number of corpora.
+    #[error(
+        "trained on {} corpora ({}), resumed with {} ({})",
+        saved.len(),
+        paths(saved),
+        now.len(),
+        paths(now)
+    )]
+    CorpusCount {
+        /// The checkpoint's corpora.
+        saved: Vec<PathBuf>,
+        /// The corpora resuming.
+        now: Vec<PathBuf>,
+    },
+    /// Another corpus at a position of the set.
+    #[error(
+        "corpus {index} of the training set was {} ({} utterances, {} samples), now {} ({} \
+         utterances, {} samples): the same corpora, in the same order, are needed",
+        saved.path.display(),
+        saved.utterances,
+        saved.samples,
+        now.path.display(),
+        now.utterances,
+        now.samples
+    )]
+    Corpus {
+        /// Its position.
+        index: usize,
+        /// The checkpoint's.
+        saved: Box<CorpusIdentity>,
+        /// The one resuming.
+        now: Box<CorpusIdentity>,
+    },
+    /// Another weight or override for a corpus of the set.
+    #[error(
+        "corpus {index} of the training set ({}) had weight {} and overrides {:?}/{:?}, now {} \
+         and {:?}/{:?}: the epoch plans would differ",
+        now.path.display(),
+        saved.weight,
+        saved.language,
+        saved.source,
+        now.weight,
+        now.language,
+        now.source
+    )]
+    Mix {
+        /// Its position.
+        index: usize,
+        /// The checkpoint's.
+        saved: Box<CorpusIdentity>,
+        /// The one resuming.
+        now: Box<CorpusIdentity>,
+    },
+}
+
+fn paths(l: &[PathBuf]) -> String {
+    l.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
 
 /// Why training stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -98,13 +181,26 @@ pub enum TrainError {
         /// Why.
         source: asr_corpus::FormatError,
     },
-    /// A corpus does not fit the run (vocabulary, tokenizer, utterance count).
-    #[error("{}: {why}", path.display())]
-    WrongCorpus {
-        /// The corpus or checkpoint.
+    /// The validation corpus was compiled with another tokenizer than the training set.
+    #[error(
+        "{}: tokenized with another model ({corpus}) than the training set ({set})",
+        path.display()
+    )]
+    ValTokenizer {
+        /// The validation corpus.
         path: PathBuf,
-        /// What does not fit.
-        why: String,
+        /// Its tokenizer.
+        corpus: TokenizerId,
+        /// The training set's.
+        set: TokenizerId,
+    },
+    /// The checkpoint to resume from belongs to another run.
+    #[error("{}: {why}", checkpoint.display())]
+    Resume {
+        /// The checkpoint.
+        checkpoint: PathBuf,
+        /// What differs.
+        why: Box<ResumeMismatch>,
     },
     /// Writing the run's outputs (metrics, plot) failed.
     #[error("{action} {}: {source}", path.display())]

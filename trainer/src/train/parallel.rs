@@ -60,8 +60,9 @@ impl NcclGroup {
     /// Joins the NCCL group of the ranks of `c`, on GPU `ordinal`.
     pub fn join(ordinal: usize, c: &mut dyn Collective) -> Result<NcclGroup, CollectiveError> {
         use cudarc::nccl::safe::{Comm, Id};
-        let fail = |what: &str, e: &dyn std::fmt::Debug| {
-            CollectiveError::Network(format!("NCCL, {what}: {e:?} (is libnccl installed?)"))
+        let fail = |what: &'static str, e: &dyn std::fmt::Debug| CollectiveError::Nccl {
+            what,
+            detail: format!("{e:?}"),
         };
         let ctx =
             cudarc::driver::CudaContext::new(ordinal).map_err(|e| fail("CUDA context", &e))?;
@@ -73,9 +74,10 @@ impl NcclGroup {
             Vec::new()
         };
         let all = c.all_gather(&mine)?;
-        let bytes = all.first().filter(|b| b.len() == 128).ok_or_else(|| {
-            CollectiveError::Network("rank 0 sent no NCCL id of 128 bytes".into())
-        })?;
+        let bytes = all
+            .first()
+            .filter(|b| b.len() == 128)
+            .ok_or(CollectiveError::Malformed { rank: 0, what: "NCCL id (128 bytes)" })?;
         let mut internal = [0 as std::ffi::c_char; 128];
         for (d, &b) in internal.iter_mut().zip(bytes.iter()) {
             *d = b as std::ffi::c_char;
@@ -89,7 +91,10 @@ impl NcclGroup {
 #[cfg(feature = "cuda")]
 impl HostSum for NcclGroup {
     fn sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
-        let fail = |e: &dyn std::fmt::Debug| CollectiveError::Network(format!("NCCL: {e:?}"));
+        let fail = |e: &dyn std::fmt::Debug| CollectiveError::Nccl {
+            what: "summing across processes",
+            detail: format!("{e:?}"),
+        };
         let mut buf = self.stream.clone_htod(&*data).map_err(|e| fail(&e))?;
         self.comm
             .all_reduce_in_place(&mut buf, &cudarc::nccl::safe::ReduceOp::Sum)
@@ -168,11 +173,9 @@ where
         B::InnerBackend::device_all_reduce(flat, peers)
     } else {
         let n = flat.dims()[0];
-        let mut host = flat
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .map_err(|e| CollectiveError::Network(format!("reading gradients: {e:?}")))?;
+        let mut host = flat.into_data().convert::<f32>().into_vec::<f32>().map_err(|e| {
+            CollectiveError::Exchange { what: "reading gradients".into(), detail: format!("{e:?}") }
+        })?;
         match node {
             Some(n) => n.sum(&mut host)?,
             None => c.all_reduce_sum(&mut host)?,
@@ -235,14 +238,19 @@ pub fn gather_steps(
         return Ok(vec![mine.clone()]);
     }
     // The ids are skipped by the serialisation the metrics use; send them alongside.
-    let bytes = serde_json::to_vec(&(mine, &mine.ids))
-        .map_err(|e| CollectiveError::Network(format!("encoding a rank's step: {e}")))?;
+    let bytes = serde_json::to_vec(&(mine, &mine.ids)).map_err(|e| CollectiveError::Exchange {
+        what: "encoding this rank's step record".into(),
+        detail: e.to_string(),
+    })?;
     c.all_gather(&bytes)?
         .iter()
         .enumerate()
         .map(|(rank, b)| {
-            let (mut s, ids): (RankStep, Vec<Vec<[u32; 2]>>) = serde_json::from_slice(b)
-                .map_err(|e| CollectiveError::Network(format!("rank {rank}'s step record: {e}")))?;
+            let (mut s, ids): (RankStep, Vec<Vec<[u32; 2]>>) =
+                serde_json::from_slice(b).map_err(|e| CollectiveError::Exchange {
+                    what: format!("rank {rank}'s step record"),
+                    detail: e.to_string(),
+                })?;
             s.ids = ids;
             Ok(s)
         })

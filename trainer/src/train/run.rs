@@ -12,7 +12,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 use super::metrics::{MetricsLog, StepMetrics};
 use super::parallel::{DeviceAllReduce, HostSum};
-use super::{RankBatches, TrainError, Trainer};
+use super::{RankBatches, ResumeMismatch, TrainError, Trainer};
 use crate::checkpoint::{self, checkpoint_dir, TrainState};
 use crate::config::TrainConfig;
 use crate::model_source::{Expected, InitWeights, ModelSource, TokenizerId};
@@ -144,22 +144,22 @@ where
     let (vocab, tokenizer_xxh3) = set.tokenizer();
     let (vocab, tokenizer_xxh3) = (vocab as usize, tokenizer_xxh3.to_owned());
     let identity = set.identity();
+    let set_tokenizer = TokenizerId { xxh3: tokenizer_xxh3.clone(), vocab };
     let val = match (&opts.val_corpus, lead) {
-        (Some(p), true) => Some(open_val(p, vocab, &tokenizer_xxh3)?),
+        (Some(p), true) => Some(open_val(p, &set_tokenizer)?),
         _ => None,
     };
     let ckpt_dir = checkpoint_dir(&opts.out);
     let resume = match opts.resume.then(|| checkpoint::latest(&ckpt_dir)).flatten() {
         Some(ckpt) => {
             let state = checkpoint::load_state(&ckpt)?;
-            check_resume(&ckpt, &state, &cfg, &set, vocab, &tokenizer_xxh3, &identity)?;
+            check_resume(&ckpt, &state, &cfg, &set, &set_tokenizer, &identity)?;
             Some((ckpt, state))
         }
         None => None,
     };
     // The initial weights, read once for every local rank (a resume has its own); their
     // tokenizer is checked against the training set's before any weight is read.
-    let set_tokenizer = TokenizerId { xxh3: tokenizer_xxh3.clone(), vocab };
     let init_source = opts.init.as_deref().map(ModelSource::resolve).transpose()?;
     let init = match &init_source {
         Some(source) if resume.is_none() => {
@@ -461,18 +461,11 @@ where
 }
 
 /// Opens the validation corpus and checks it shares the training set's tokenizer.
-fn open_val(p: &Path, vocab: usize, tokenizer_xxh3: &str) -> Result<Corpus, TrainError> {
+fn open_val(p: &Path, set: &TokenizerId) -> Result<Corpus, TrainError> {
     let c = open_corpus(p)?;
-    let t = &c.metadata().tokenizer;
-    if t.vocab_size as usize != vocab || t.model_xxh3 != tokenizer_xxh3 {
-        return Err(TrainError::WrongCorpus {
-            path: p.to_owned(),
-            why: format!(
-                "tokenized with another model (xxh3 {}, V={}) than the training set (xxh3 \
-                 {tokenizer_xxh3}, V={vocab})",
-                t.model_xxh3, t.vocab_size
-            ),
-        });
+    let corpus = TokenizerId::of_corpus(&c);
+    if corpus != *set {
+        return Err(TrainError::ValTokenizer { path: p.to_owned(), corpus, set: set.clone() });
     }
     Ok(c)
 }
@@ -483,26 +476,25 @@ fn check_resume(
     state: &TrainState,
     cfg: &TrainConfig,
     set: &TrainingSet,
-    vocab: usize,
-    tokenizer_xxh3: &str,
+    tokenizer: &TokenizerId,
     identity: &[CorpusIdentity],
 ) -> Result<(), TrainError> {
-    let wrong = |why: String| Err(TrainError::WrongCorpus { path: ckpt.to_owned(), why });
-    if state.config.model != cfg.model || state.vocab != vocab {
-        return wrong("trained with another model configuration or vocabulary".into());
-    }
-    if state.corpus_utterances != set.len() as u64 || state.tokenizer_xxh3 != tokenizer_xxh3 {
-        return wrong(format!(
-            "trained on another training set ({} utterances, tokenizer {}) than {} ({} \
-             utterances, tokenizer {tokenizer_xxh3})",
-            state.corpus_utterances,
-            state.tokenizer_xxh3,
-            set.corpus_names().join(", "),
-            set.len()
-        ));
-    }
-    match identity_mismatch(&state.corpora, identity) {
-        Some(why) => wrong(why),
+    let saved_tokenizer = TokenizerId { xxh3: state.tokenizer_xxh3.clone(), vocab: state.vocab };
+    let why = if state.config.model != cfg.model || state.vocab != tokenizer.vocab {
+        Some(ResumeMismatch::Model)
+    } else if state.corpus_utterances != set.len() as u64 || saved_tokenizer != *tokenizer {
+        Some(ResumeMismatch::TrainingSet {
+            saved_utterances: state.corpus_utterances,
+            saved_tokenizer,
+            corpora: set.corpus_names().join(", "),
+            utterances: set.len() as u64,
+            tokenizer: tokenizer.clone(),
+        })
+    } else {
+        identity_mismatch(&state.corpora, identity)
+    };
+    match why {
+        Some(why) => Err(TrainError::Resume { checkpoint: ckpt.to_owned(), why: Box::new(why) }),
         None => Ok(()),
     }
 }
@@ -530,47 +522,28 @@ fn fingerprint(cfg: &TrainConfig, identity: &[CorpusIdentity], local: usize) -> 
 
 /// Why a checkpoint's training set is not `now` (`None`: it is, or the checkpoint predates
 /// training sets and the utterance count and tokenizer, checked by the caller, are all it has).
-fn identity_mismatch(saved: &[CorpusIdentity], now: &[CorpusIdentity]) -> Option<String> {
+fn identity_mismatch(saved: &[CorpusIdentity], now: &[CorpusIdentity]) -> Option<ResumeMismatch> {
     if saved.is_empty() {
         return None;
     }
-    let list = |l: &[CorpusIdentity]| {
-        l.iter().map(|c| c.path.display().to_string()).collect::<Vec<_>>().join(", ")
-    };
     if saved.len() != now.len() {
-        return Some(format!(
-            "trained on {} corpora ({}), resumed with {} ({})",
-            saved.len(),
-            list(saved),
-            now.len(),
-            list(now)
-        ));
+        let paths = |l: &[CorpusIdentity]| l.iter().map(|c| c.path.clone()).collect();
+        return Some(ResumeMismatch::CorpusCount { saved: paths(saved), now: paths(now) });
     }
-    for (k, (a, b)) in saved.iter().zip(now).enumerate() {
+    for (index, (a, b)) in saved.iter().zip(now).enumerate() {
         if (a.utterances, a.samples) != (b.utterances, b.samples) {
-            return Some(format!(
-                "corpus {k} of the training set was {} ({} utterances, {} samples), now {} ({} \
-                 utterances, {} samples): the same corpora, in the same order, are needed",
-                a.path.display(),
-                a.utterances,
-                a.samples,
-                b.path.display(),
-                b.utterances,
-                b.samples
-            ));
+            return Some(ResumeMismatch::Corpus {
+                index,
+                saved: Box::new(a.clone()),
+                now: Box::new(b.clone()),
+            });
         }
         if (a.weight, &a.language, &a.source) != (b.weight, &b.language, &b.source) {
-            return Some(format!(
-                "corpus {k} of the training set ({}) had weight {} and overrides {:?}/{:?}, now \
-                 {} and {:?}/{:?}: the epoch plans would differ",
-                b.path.display(),
-                a.weight,
-                a.language,
-                a.source,
-                b.weight,
-                b.language,
-                b.source
-            ));
+            return Some(ResumeMismatch::Mix {
+                index,
+                saved: Box::new(a.clone()),
+                now: Box::new(b.clone()),
+            });
         }
     }
     None

@@ -87,6 +87,7 @@ fn check_dither<B: Backend>(device: &B::Device) {
 
 #[test]
 fn cpu_backend() {
+    let _turn = crate::serial();
     let device = Default::default();
     check_pcm::<burn::backend::NdArray>(&device);
     check_spec_augment::<burn::backend::NdArray>(&device);
@@ -95,6 +96,7 @@ fn cpu_backend() {
 
 #[test]
 fn wgpu_backend() {
+    let _turn = crate::serial();
     let device = Default::default();
     check_pcm::<burn::backend::Wgpu>(&device);
     check_spec_augment::<burn::backend::Wgpu>(&device);

@@ -37,6 +37,7 @@ fn collect(model: &TdtModel<Ad>, grads: &GradientsParams) -> Vec<Option<Vec<f32>
 
 #[test]
 fn parts_of_a_micro_batch_give_the_whole_batch_gradient() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let set = TrainingSet::open(&[DataSpec::new(crate::parallel::corpus(dir.path(), 12))]).unwrap();
     let vocab = set.tokenizer().0 as usize;

@@ -94,10 +94,12 @@ fn check<B: Backend>(device: &B::Device) {
 
 #[test]
 fn cpu_backend() {
+    let _turn = crate::serial();
     check::<burn::backend::NdArray>(&Default::default());
 }
 
 #[test]
 fn wgpu_backend() {
+    let _turn = crate::serial();
     check::<burn::backend::Wgpu>(&Default::default());
 }

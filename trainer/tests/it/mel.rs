@@ -27,6 +27,7 @@ fn speechlike(n: usize, seed: u64) -> Vec<i16> {
 
 #[test]
 fn features_match_a_float64_numpy_reference() {
+    let _turn = crate::serial();
     let script = std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap())
         .join("tests/reference/mel_reference.py");
     let (a, b) = (speechlike(16_000, 1), speechlike(9_731, 2));

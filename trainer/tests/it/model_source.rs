@@ -46,6 +46,7 @@ fn train(dir: &Path, model: &[u8]) -> (std::path::PathBuf, std::path::PathBuf) {
 
 #[test]
 fn sources_resolve_to_their_kind_and_describe_their_settings() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let (corpus, run) = train(dir.path(), b"model one");
     // A run directory resolves to its newest checkpoint.
@@ -71,6 +72,7 @@ fn sources_resolve_to_their_kind_and_describe_their_settings() {
 /// same size from another tokenizer was decoded with the wrong pieces.
 #[test]
 fn a_checkpoint_refuses_a_corpus_of_another_tokenizer_of_the_same_size() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let (_, run) = train(dir.path(), b"model one");
     let spec = SynthSpec { vocab_size: 48, max_tokens: 6, ..SynthSpec::default() };
@@ -89,6 +91,7 @@ fn a_checkpoint_refuses_a_corpus_of_another_tokenizer_of_the_same_size() {
 /// `--init` takes a training checkpoint too, and refuses one of another tokenizer.
 #[test]
 fn init_takes_a_checkpoint_and_checks_its_tokenizer() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let (corpus, run) = train(dir.path(), b"model one");
     let cfg = TrainConfig::from_toml(

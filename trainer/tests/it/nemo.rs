@@ -71,6 +71,7 @@ fn max_diff(ours: &Tensor<B, 3>, theirs: &[f64], frames: &[usize]) -> (f64, f64)
 
 #[test]
 fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text() {
+    let _turn = crate::serial();
     let device = Default::default();
     let imp = nemo::import::<B>(&fixture(), false, &device).unwrap();
     let cfg = &imp.info.model;
@@ -210,11 +211,12 @@ fn imported_model_reproduces_nemo_features_encoder_logits_loss_and_greedy_text()
 
 #[test]
 fn export_then_import_gives_the_same_weights_and_nemo_keys() {
+    let _turn = crate::serial();
     let device = Default::default();
     let a = nemo::import::<B>(&fixture(), false, &device).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("again.nemo");
-    nemo::export(&a.model, &a.info.model, &a.info.loss, &a.tokenizer, &out).unwrap();
+    nemo::export(&a.model, &a.info.model, &a.info.loss, None, &a.tokenizer, &out).unwrap();
     let b = nemo::import::<B>(&out, false, &device).unwrap();
     assert_eq!(b.info.model, a.info.model);
     assert_eq!(b.info.loss, a.info.loss);
@@ -236,6 +238,7 @@ fn export_then_import_gives_the_same_weights_and_nemo_keys() {
 
 #[test]
 fn parakeet_0_6b_shapes_map_with_no_key_left_and_nvidias_parameter_count() {
+    let _turn = crate::serial();
     let text = std::fs::read_to_string(data_dir().join("parakeet-tdt-0.6b.shapes.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let want: std::collections::BTreeMap<String, Vec<usize>> = v["keys"]
@@ -278,6 +281,7 @@ fn parakeet_0_6b_shapes_map_with_no_key_left_and_nvidias_parameter_count() {
 #[test]
 #[ignore = "needs ASRT_PARAKEET_STATE_DICT, the 2.5 GB state dict make.py --parakeet-state-dict writes"]
 fn parakeet_state_dict_imports_when_given() {
+    let _turn = crate::serial();
     let path = std::env::var("ASRT_PARAKEET_STATE_DICT")
         .expect("ASRT_PARAKEET_STATE_DICT names the state dict (make.py --parakeet-state-dict)");
     let mut cfg = asr_trainer::ModelConfig::parakeet_tdt_0_6b();
@@ -335,6 +339,42 @@ fn rewrite(src: &Path, dir: &Path, name: &str, replaced: Vec<(&str, Vec<u8>)>) -
 }
 
 /// Writes a copy of the fixture with `model_config.yaml` changed by `edit`.
+/// The model's own settings travel through import and export: `max_symbols` from NeMo's
+/// decoding section and back, no dropout where this model has none (the source's is named as
+/// not imported), the optimizer where the source knows it (it used to be a fixed 1e-4, with
+/// dropouts of 0.2 and `max_symbols` 10 whatever the model).
+#[test]
+fn export_writes_the_model_s_own_settings() {
+    let _turn = crate::serial();
+    let device = Default::default();
+    let a = nemo::import::<B>(&fixture(), false, &device).unwrap();
+    assert_eq!(a.info.model.max_symbols, Some(10));
+    for key in ["decoder.prednet.dropout", "joint.jointnet.dropout"] {
+        assert!(a.info.ignored.iter().any(|i| i.starts_with(key)), "{key}: {:?}", a.info.ignored);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = a.info.model.clone();
+    cfg.max_symbols = Some(3);
+    let optim =
+        nemo::config::OptimSettings { lr: 2e-4, betas: (0.9, 0.98), eps: 1e-8, weight_decay: 1e-3 };
+    let out = dir.path().join("settings.nemo");
+    nemo::export(&a.model, &cfg, &a.info.loss, Some(&optim), &a.tokenizer, &out).unwrap();
+    let archive = asr_nemo::Archive::open(&out).unwrap();
+    let float = |k: &str| archive.get(k).and_then(|v| v.as_f64());
+    assert_eq!(archive.get("decoding.greedy.max_symbols").and_then(|v| v.as_i64()), Some(3));
+    assert_eq!(float("decoder.prednet.dropout"), Some(0.0));
+    assert_eq!(float("joint.jointnet.dropout"), Some(0.0));
+    assert_eq!(float("optim.lr"), Some(2e-4));
+    assert_eq!(float("optim.weight_decay"), Some(1e-3));
+    assert_eq!(float("loss.tdt_kwargs.sigma"), Some(a.info.loss.sigma));
+    let b = nemo::import::<B>(&out, false, &device).unwrap();
+    assert_eq!(b.info.model, cfg);
+    // Without an optimizer (an imported model's is not known) the section is left out.
+    let bare = dir.path().join("bare.nemo");
+    nemo::export(&a.model, &cfg, &a.info.loss, None, &a.tokenizer, &bare).unwrap();
+    assert!(asr_nemo::Archive::open(&bare).unwrap().get("optim").is_none());
+}
+
 fn with_config(dir: &Path, name: &str, edit: impl FnOnce(String) -> String) -> PathBuf {
     with_config_of(&fixture(), dir, name, edit)
 }
@@ -348,6 +388,7 @@ fn import_err(path: &Path) -> String {
 
 #[test]
 fn bad_archives_are_refused_with_the_key_and_both_shapes() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let key = "encoder.layers.1.self_attn.linear_q.weight";
     let p = with_state_dict(dir.path(), "shape.nemo", |sd| {
@@ -442,6 +483,7 @@ fn asrt(args: &[&std::ffi::OsStr]) -> std::process::Output {
 
 #[test]
 fn import_and_export_on_the_command_line() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let imported = dir.path().join("imported");
     let f = fixture();

@@ -17,6 +17,7 @@ type Gpu = burn::backend::Autodiff<burn::backend::Wgpu>;
 
 #[test]
 fn a_micro_batch_too_large_for_the_device_is_named_with_a_batch_size_that_fits() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let spec = SynthSpec {
         min_samples: 96_000,

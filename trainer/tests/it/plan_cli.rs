@@ -24,6 +24,7 @@ fn asrt(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn plan_reports_and_lists_batches() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let path = corpus(dir.path(), 400);
     let p = path.to_str().unwrap();
@@ -89,6 +90,7 @@ fn plan_reports_and_lists_batches() {
 
 #[test]
 fn empty_corpus_plans_to_nothing() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let path = corpus(dir.path(), 0);
     let out = asrt(&["plan", path.to_str().unwrap(), "--json"]);
@@ -102,6 +104,7 @@ fn empty_corpus_plans_to_nothing() {
 
 #[test]
 fn plan_errors_exit_2_with_a_message() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let path = corpus(dir.path(), 20);
     let p = path.to_str().unwrap();
@@ -117,6 +120,7 @@ fn plan_errors_exit_2_with_a_message() {
 
 #[test]
 fn plan_of_a_training_set_reports_corpora_and_sources_and_lists_pairs() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let write = |name: &str, languages: &[&str], sources: &[&str], n: u64, seed: u64, model| {

@@ -113,6 +113,7 @@ proptest! {
 
 #[test]
 fn every_utterance_is_packed_once_and_batches_respect_the_cap() {
+    let _turn = crate::serial();
     let (d, l) = synthetic(20_000, 12, 5, 5.0);
     let cfg = SamplerConfig {
         mode: SamplerMode::Seed,
@@ -140,6 +141,7 @@ fn every_utterance_is_packed_once_and_batches_respect_the_cap() {
 
 #[test]
 fn curriculum_puts_shortest_batches_first_and_keeps_the_rest() {
+    let _turn = crate::serial();
     let (d, l) = synthetic(5000, 4, 9, 5.0);
     let plain = EpochPlan::build(Durations::Seconds(&d), &l, &config(3, 0), 0, 2, 4).unwrap();
     let cur = EpochPlan::build(Durations::Seconds(&d), &l, &config(3, 5), 0, 2, 4).unwrap();
@@ -159,6 +161,7 @@ fn curriculum_puts_shortest_batches_first_and_keeps_the_rest() {
 
 #[test]
 fn bad_options_and_states_are_refused() {
+    let _turn = crate::serial();
     let (d, l) = synthetic(100, 2, 1, 5.0);
     let cfg = SamplerConfig::default();
     assert!(EpochPlan::build(Durations::Seconds(&d), &l[..50], &cfg, 0, 1, 1).is_err());

@@ -120,6 +120,7 @@ fn violations(src: &Path, layers: &[Vec<String>]) -> Vec<String> {
 
 #[test]
 fn the_trainer_s_modules_import_only_their_own_layer_and_those_below() {
+    let _turn = crate::serial();
     let layers = layers();
     assert!(layers.len() >= 5, "{layers:?}");
     let bad = violations(&workspace().join("trainer/src"), &layers);
@@ -128,6 +129,7 @@ fn the_trainer_s_modules_import_only_their_own_layer_and_those_below() {
 
 #[test]
 fn the_layer_check_finds_a_model_that_imports_the_run_s_config() {
+    let _turn = crate::serial();
     // The check itself, on a tree with the violation the rule exists for.
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("model")).unwrap();
@@ -145,6 +147,7 @@ fn the_layer_check_finds_a_model_that_imports_the_run_s_config() {
 
 #[test]
 fn the_planner_and_the_loss_library_know_nothing_of_the_trainer() {
+    let _turn = crate::serial();
     let root = workspace();
     for (krate, forbidden) in [
         ("plan", &["asr_trainer", "asr_tdt", "burn", "TrainConfig"][..]),

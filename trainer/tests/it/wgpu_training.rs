@@ -20,6 +20,7 @@ type Gpu = burn::backend::Autodiff<burn::backend::Wgpu>;
 
 #[test]
 fn tiny_steps_on_wgpu_match_the_cpu_backend() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let set = TrainingSet::open(&[DataSpec::new(crate::parallel::corpus(dir.path(), 12))]).unwrap();
     let cfg = TrainConfig::from_toml(
@@ -77,6 +78,7 @@ fn tiny_steps_on_wgpu_match_the_cpu_backend() {
 /// The corpus carries a real SentencePiece model (the example's), so hypotheses are text.
 #[test]
 fn asrt_trains_and_evaluates_on_wgpu() {
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let spm = std::fs::read(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/espeak/spm.model"),
