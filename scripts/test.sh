@@ -37,3 +37,12 @@ steps=$(wc -l < "$out/quickstart/run/metrics.jsonl")
 [ "$steps" -eq 40 ] || { echo "quickstart: $steps training steps, expected 40" >&2; exit 1; }
 grep -q '^all ' "$out/quickstart/eval.txt" || { echo "quickstart: no overall WER line" >&2; exit 1; }
 echo "quickstart: 1 passed, 0 failed ($steps steps trained, evaluated)"
+
+# The GPU kit's run script end to end on wgpu (Mesa's software Vulkan) with small sizes, so it
+# cannot rot between the sessions that have a GPU (scripts/gpu/run.sh --dry-run).
+bash scripts/gpu/run.sh --dry-run --out "$out/gpu" > "$out/gpu.log" 2>&1 || {
+  cat "$out/gpu.log"; echo "gpu kit dry run: FAILED" >&2; exit 1; }
+if grep -q '| FAIL\|| TIMEOUT' "$out/gpu/results.md"; then
+  cat "$out/gpu.log"; echo "gpu kit dry run: a step failed" >&2; exit 1
+fi
+echo "gpu kit dry run: $(grep -c '| PASS' "$out/gpu/results.md") steps passed, $(grep -c '| SKIPPED' "$out/gpu/results.md") skipped"

@@ -101,8 +101,9 @@ fn run_in_place(
     Ok(costs.iter().map(|&c| c as f32).collect())
 }
 
-/// Host implementation for any backend: copies the logits to the host, runs the CPU
-/// recursions, copies costs and gradients back (a backend without a kernel can use it).
+/// Host implementation for any backend: copies the logits to the host (as f32, whatever their
+/// type), runs the CPU recursions, copies costs and gradients back in the logits' own type, as
+/// the kernels return them (a backend without a kernel can use it).
 pub fn host_forward<B: Backend>(
     logits: FloatTensor<B>,
     problem: &TdtProblem,
@@ -111,15 +112,32 @@ pub fn host_forward<B: Backend>(
     let logits: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(logits));
     let dims = logits.dims();
     let device = logits.device();
+    let dtype = logits.dtype();
     let host: Vec<f32> = logits
         .into_data()
         .convert::<f32>()
         .to_vec()
         .map_err(|e| TdtError::ReadLogits(format!("{e:?}")))?;
     let (costs, grads) = run_on_host(&host, dims, problem, want_grad)?;
-    let costs = Tensor::<B, 1>::from_data(TensorData::new(costs, [dims[0]]), &device);
-    let grads = grads.map(|g| Tensor::<B, 4>::from_data(TensorData::new(g, dims), &device));
+    let back =
+        |values: Vec<f32>, shape: Vec<usize>| TensorData::new(values, shape).convert_dtype(dtype);
+    // Created in that type: `from_data` with only a device converts to the backend's default.
+    let costs = Tensor::<B, 1>::from_data(back(costs, vec![dims[0]]), (&device, dtype));
+    let grads = grads.map(|g| Tensor::<B, 4>::from_data(back(g, dims.to_vec()), (&device, dtype)));
     Ok((costs.into_primitive().tensor(), grads.map(|g| g.into_primitive().tensor())))
+}
+
+/// Burn's current CPU backend: the host path (its tensors live in host memory already, so the
+/// copies are memory copies). f32, f16 and bf16 logits; costs and gradients come back in the
+/// logits' type.
+impl TdtBackend for burn::backend::Flex {
+    fn tdt_forward(
+        logits: FloatTensor<Self>,
+        problem: &TdtProblem,
+        want_grad: bool,
+    ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
+        host_forward::<Self>(logits, problem, want_grad)
+    }
 }
 
 impl TdtBackend for burn::backend::NdArray {
@@ -301,7 +319,9 @@ impl TdtLoss {
             options: self.options.clone(),
             rnnt,
         };
-        let costs = tdt_costs(logits, &problem)?;
+        // Half-precision logits give costs in their own type (as the kernels write them); the
+        // reduction runs in f32 whatever that type, so the loss keeps f32's precision.
+        let costs = tdt_costs(logits, &problem)?.cast(burn::tensor::FloatDType::F32);
         let factors: Vec<f32> = factors.iter().map(|&f| f as f32).collect();
         let factors =
             Tensor::<B, 1>::from_data(TensorData::new(factors, [frame_lens.len()]), &device);

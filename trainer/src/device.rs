@@ -15,14 +15,16 @@
 //! choose a backend.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use asr_corpus::Corpus;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::config::TrainConfig;
+use crate::cuda_env::CudaEnvError;
 use crate::eval::{evaluate_source, EvalError, Evaluation};
+use crate::kernel_cache::{KernelCache, KernelCacheError};
 use crate::model_source::ModelSource;
 use crate::train::metrics::StepMetrics;
 use crate::train::parallel::DeviceAllReduce;
@@ -203,6 +205,22 @@ pub struct DeviceArgs {
     /// several (one per node).
     #[arg(long, value_name = "LIST")]
     pub devices: Option<Devices>,
+    /// Where CubeCL keeps compiled CUDA kernels (PTX) and autotune results between runs (wgpu
+    /// and CUDA): `off`, or a directory. Default: $ASRT_KERNEL_CACHE, else
+    /// $XDG_CACHE_HOME/asrt/kernels, else ~/.cache/asrt/kernels.
+    #[arg(long, value_name = "DIR")]
+    pub kernel_cache: Option<PathBuf>,
+}
+
+/// Why the devices cannot be used on this machine.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Something a CUDA run needs is missing.
+    #[error(transparent)]
+    Cuda(#[from] CudaEnvError),
+    /// The kernel cache cannot be set up.
+    #[error(transparent)]
+    Cache(#[from] KernelCacheError),
 }
 
 impl DeviceArgs {
@@ -212,6 +230,39 @@ impl DeviceArgs {
             Some(d) => d.clone(),
             None => Devices::from(self.device),
         }
+    }
+
+    /// The kernel cache the flag and the environment name.
+    pub fn kernel_cache(&self) -> KernelCache {
+        KernelCache::resolve(self.kernel_cache.as_deref(), &|k| std::env::var(k).ok())
+    }
+
+    /// Checks what `devices` need from this machine and sets up the kernel cache, before
+    /// [`dispatch`] runs anything on them. `processes`: this process is one of several, whose
+    /// ranks sum gradients (as several devices of one process do). A CUDA run that needs NCCL
+    /// and finds only `libnccl.so.2` runs this program again (see `cuda_env`).
+    pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
+        let cache = self.kernel_cache();
+        match devices {
+            Devices::Cpu(_) => {
+                let _ = processes;
+            }
+            #[cfg(feature = "wgpu")]
+            Devices::Wgpu(_) => {
+                cache.install()?;
+            }
+            #[cfg(feature = "cuda")]
+            Devices::Cuda(ordinals) => {
+                let nccl = ordinals.len() > 1 || processes;
+                let link_dir = match cache.dir() {
+                    Some(d) => d.join("nccl"),
+                    None => std::env::temp_dir().join("asrt-nccl"),
+                };
+                crate::cuda_env::prepare(ordinals, nccl, &link_dir)?;
+                cache.install()?;
+            }
+        }
+        Ok(())
     }
 
     /// The one device of a command that runs on one.

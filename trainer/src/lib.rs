@@ -6,8 +6,9 @@
 //! the batch plan and loader (re-exported from `asr-plan`), the model, training, checkpoints and
 //! evaluation. The TDT loss is the `asr-tdt` crate. Everything else is internal and may change
 //! without notice.
-// Only `allocator` (mimalloc's C option API) may use `unsafe` here (asr-tdt's `cube` is the other
-// place: CubeCL's unchecked kernel launches), and says why at each use.
+// Only `allocator` (mimalloc's C option API) and `cuda_env` (cudarc's raw CUDA bindings) may use
+// `unsafe` here (asr-tdt's `cube` is the other place: CubeCL's unchecked kernel launches), and
+// say why at each use.
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]
@@ -16,9 +17,14 @@ pub mod checkpoint;
 mod cli;
 mod commands;
 mod config;
+// Its `cuda`-feature probe asks the CUDA libraries for their versions and device count through
+// cudarc's raw bindings, and says why at each use.
+#[allow(unsafe_code)]
+pub mod cuda_env;
 pub mod device;
 pub mod device_failure;
 mod eval;
+pub mod kernel_cache;
 mod model;
 pub mod model_source;
 pub mod nemo;
@@ -61,8 +67,9 @@ pub use tokenizer::{Pieces, TokenizerError};
 // Where work runs: devices, the backend dispatcher, the CPU entry points.
 pub use device::{
     dispatch, evaluate_model_cpu, run_cpu, run_cpu_ranks, Device, DeviceArgs, DeviceError, Devices,
-    EvalOn, OnBackend, RunOn,
+    EvalOn, OnBackend, RunOn, SetupError,
 };
+pub use kernel_cache::KernelCache;
 // Training.
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 pub use train::fused::{joint_in_parts, JointInputs};

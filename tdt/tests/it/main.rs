@@ -3,6 +3,9 @@
 // Test helpers outside #[test] functions may unwrap: a panic is the failure report.
 #![allow(clippy::unwrap_used, clippy::type_complexity, missing_docs)]
 
+mod cases;
+// Burn's current CPU backend: the host path with half-precision logits.
+mod flex;
 mod tdt;
 // The kernels run on Burn's wgpu backend (Mesa's lavapipe without a GPU).
 #[cfg(feature = "wgpu")]

@@ -8,83 +8,14 @@
 //! f64 path on the same (rounded) values: the kernel still computes in f32, only the gradient
 //! is rounded on output, so the bound is that rounding (2^-8 relative for bf16, 2^-11 for f16).
 
-use asr_corpus::synth::SplitMix64;
-use asr_tdt::batch::{self, BatchInput};
-use asr_tdt::op::{TdtBackend, TdtProblem};
+use crate::cases::{case, max_abs, reference, rounded, sized, Case};
+use asr_tdt::op::TdtBackend;
 use asr_tdt::{TdtError, TdtOptions};
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::Wgpu;
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 
 type W = Wgpu<f32, i32, u32>;
-
-/// A random ragged batch: logits, targets and lengths, with `vocab` tokens (blank last).
-struct Case {
-    logits: Vec<f32>,
-    dims: [usize; 4],
-    problem: TdtProblem,
-}
-
-fn case(seed: u64, batch: usize, vocab: usize, options: &TdtOptions, rnnt: bool) -> Case {
-    let mut rng = SplitMix64::new(seed);
-    let t_max = 1 + rng.below(14) as usize;
-    let u_max = rng.below(7) as usize;
-    sized(seed + 1, [batch, t_max, u_max], vocab, options, rnnt)
-}
-
-/// A random batch of `[batch, t_max, u_max]`: utterance 0 fills the padding, the others are
-/// shorter at random.
-fn sized(
-    seed: u64,
-    [batch, t_max, u_max]: [usize; 3],
-    vocab: usize,
-    options: &TdtOptions,
-    rnnt: bool,
-) -> Case {
-    let mut rng = SplitMix64::new(seed);
-    let width = vocab + options.durations.len();
-    let mut frame_lens: Vec<usize> =
-        (0..batch).map(|_| 1 + rng.below(t_max as u64) as usize).collect();
-    let mut target_lens: Vec<usize> =
-        (0..batch).map(|_| rng.below(u_max as u64 + 1) as usize).collect();
-    frame_lens[0] = t_max;
-    target_lens[0] = u_max;
-    let targets: Vec<u32> =
-        (0..batch * u_max).map(|_| rng.below(vocab as u64 - 1) as u32).collect();
-    let logits: Vec<f32> = (0..batch * t_max * (u_max + 1) * width)
-        .map(|_| (rng.next_f64() * 6.0 - 3.0) as f32)
-        .collect();
-    Case {
-        logits,
-        dims: [batch, t_max, u_max + 1, width],
-        problem: TdtProblem {
-            targets,
-            u_max,
-            frame_lens,
-            target_lens,
-            options: options.clone(),
-            rnnt,
-        },
-    }
-}
-
-/// Costs and gradients from the float64 CPU path.
-fn reference(c: &Case, logits: &[f32]) -> (Vec<f64>, Vec<f32>) {
-    let p = &c.problem;
-    let input = BatchInput {
-        logits,
-        batch: c.dims[0],
-        t_max: c.dims[1],
-        u_max: p.u_max,
-        vocab: c.dims[3] - p.options.durations.len(),
-        n_dur: p.options.durations.len(),
-        targets: &p.targets,
-        frame_lens: &p.frame_lens,
-        target_lens: &p.target_lens,
-    };
-    let out = batch::loss(&input, &p.options, p.rnnt, true).unwrap();
-    (out.costs, out.grads.unwrap())
-}
 
 /// Costs and gradients from the kernels, logits stored as `dtype`.
 fn kernel(c: &Case, dtype: DType) -> Result<(Vec<f64>, Vec<f32>), TdtError> {
@@ -99,11 +30,6 @@ fn kernel(c: &Case, dtype: DType) -> Result<(Vec<f64>, Vec<f32>), TdtError> {
     let costs: Vec<f64> = costs.into_data().convert::<f64>().to_vec().unwrap();
     let grads: Vec<f32> = grads.into_data().convert::<f32>().to_vec().unwrap();
     Ok((costs, grads))
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).fold(0.0, f64::max)
 }
 
 fn check(label: &str, c: &Case) {
@@ -175,12 +101,7 @@ fn half_precision_logits_are_read_and_accumulated_in_f32() {
             continue;
         }
         // The reference sees the same rounded logits.
-        let rounded: Vec<f32> = TensorData::new(c.logits.clone(), c.dims)
-            .convert_dtype(dtype)
-            .convert::<f32>()
-            .to_vec()
-            .unwrap();
-        let (want_c, want_g) = reference(&c, &rounded);
+        let (want_c, want_g) = reference(&c, &rounded(&c.logits, c.dims, dtype));
         let (got_c, got_g) = kernel(&c, dtype).unwrap();
         for (g, w) in got_c.iter().zip(&want_c) {
             assert!((g - w).abs() <= rel * w.abs() + 1e-3, "{dtype:?}: cost {g} vs {w}");
@@ -259,12 +180,7 @@ fn f16_logits_at_parakeet_widths() {
     assert!(<W as burn::tensor::backend::Backend>::supports_dtype(&device, DType::F16));
     let c = sized(91, [2, 300, 80], 1025, &options, false);
     assert_eq!(c.dims, [2, 300, 81, 1030]);
-    let rounded: Vec<f32> = TensorData::new(c.logits.clone(), c.dims)
-        .convert_dtype(DType::F16)
-        .convert::<f32>()
-        .to_vec()
-        .unwrap();
-    let (want_c, want_g) = reference(&c, &rounded);
+    let (want_c, want_g) = reference(&c, &rounded(&c.logits, c.dims, DType::F16));
     let (got_c, got_g) = kernel(&c, DType::F16).unwrap();
     let cost_rel =
         got_c.iter().zip(&want_c).map(|(g, w)| (g - w).abs() / w.abs()).fold(0.0, f64::max);

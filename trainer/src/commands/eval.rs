@@ -47,6 +47,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
         bail!("--batch-seconds {batch_seconds}: expected a positive number of seconds");
     }
     let devices = args.device.one()?;
+    args.device.prepare(&devices, false)?;
     let result =
         dispatch(&devices, EvalOn { source: &source, corpus: &corpus, limit, batch_seconds })
             .with_context(|| format!("evaluating on {}", args.corpus.display()))?;

@@ -5,9 +5,12 @@
 //! activations, logits, their gradients), so peak memory grows with the micro-batch's lattice
 //! `B x T x (U + 1)` in padded samples and tokens. With utterances of similar length `d`
 //! (the sampler buckets by duration), `B ~ max_batch_seconds / d` and `T, U ~ d`, so the
-//! lattice scales linearly with `max_batch_seconds` at a given length. The suggestion scales
-//! the current value by (largest lattice that fit on this device) / (this lattice), less 10 %
-//! for the encoder and fragmentation; with no micro-batch fitted yet it halves the value.
+//! lattice scales linearly with the micro-batch's audio seconds at a given length. The
+//! suggestion scales this micro-batch's audio seconds (or `max_batch_seconds`, when smaller) by
+//! (largest lattice that fit on this device) / (this lattice), less 10 % for the encoder and
+//! fragmentation; with no micro-batch fitted yet it halves them. Starting from the batch, not the
+//! setting: a setting far above what any bucket holds (100000 s against a bucket of 8000 s)
+//! would otherwise be halved to a value that still takes the whole bucket.
 
 use crate::config::TrainConfig;
 use crate::device_failure::bytes_text;
@@ -18,14 +21,21 @@ pub fn lattice_cells(batch: &PaddedBatch) -> u128 {
     batch.size() as u128 * batch.max_samples as u128 * (batch.max_tokens as u128 + 1)
 }
 
-/// `max_batch_seconds` scaled to the lattice that fitted (see the module documentation).
-pub fn suggest_max_batch_seconds(now: f64, failed: u128, largest_fit: Option<u128>) -> f64 {
+/// The failed micro-batch's seconds (`batch_seconds`, at most `now`) scaled to the lattice that
+/// fitted (see the module documentation).
+pub fn suggest_max_batch_seconds(
+    now: f64,
+    batch_seconds: f64,
+    failed: u128,
+    largest_fit: Option<u128>,
+) -> f64 {
+    let base = if batch_seconds > 0.0 { now.min(batch_seconds) } else { now };
     let scale = match largest_fit {
         Some(fit) if failed > 0 => (fit as f64 / failed as f64).min(1.0) * 0.9,
         _ => 0.5,
     };
     // One decimal, rounded down so the suggestion is not above the estimate.
-    (now * scale * 10.0).floor() / 10.0
+    (base * scale * 10.0).floor() / 10.0
 }
 
 /// A micro-batch the device could not allocate for.
@@ -84,7 +94,12 @@ impl OutOfMemory {
             max_batch_seconds,
             fused_batch_size: cfg.train.fused_batch_size,
             over_largest_fit: largest_fit.map(|fit| cells as f64 / fit.max(1) as f64),
-            suggested: suggest_max_batch_seconds(max_batch_seconds, cells, largest_fit),
+            suggested: suggest_max_batch_seconds(
+                max_batch_seconds,
+                batch.seconds,
+                cells,
+                largest_fit,
+            ),
         }
     }
 }
@@ -112,10 +127,13 @@ impl std::fmt::Display for OutOfMemory {
             Some(r) => write!(
                 f,
                 "this micro-batch's joint lattice (utterances x padded samples x (tokens + 1)) is \
-                 {r:.2}x the largest that fitted on this device, and the estimate scales the \
-                 batch to that, less 10 %)"
+                 {r:.2}x the largest that fitted on this device, and the estimate scales this \
+                 micro-batch's audio to that, less 10 %)"
             )?,
-            None => write!(f, "no micro-batch has fitted on this device yet, so this halves it)")?,
+            None => write!(
+                f,
+                "no micro-batch has fitted on this device yet, so this halves this one's audio)"
+            )?,
         }
         if self.fused_batch_size != 1 {
             write!(
@@ -126,5 +144,20 @@ impl std::fmt::Display for OutOfMemory {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::suggest_max_batch_seconds;
+
+    #[test]
+    fn the_suggestion_starts_from_the_batch_not_a_setting_far_above_it() {
+        // Nothing fitted: half of what the failed batch held, not half of the setting.
+        assert_eq!(suggest_max_batch_seconds(100_000.0, 8_000.0, 10, None), 4_000.0);
+        // A batch as large as the setting: the setting is the base.
+        assert_eq!(suggest_max_batch_seconds(90.0, 95.0, 10, None), 45.0);
+        // Scaled by the lattice that fitted, less 10 %.
+        assert_eq!(suggest_max_batch_seconds(100.0, 80.0, 400, Some(100)), 18.0);
     }
 }

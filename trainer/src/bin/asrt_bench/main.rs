@@ -11,6 +11,8 @@
 //!   (wgpu).
 //! - `model-shape`: parameter count of a preset and the time of one forward pass (front end,
 //!   encoder, prediction network, joint) on the CPU backend.
+//! - `tdt-check`: the loss on a device (cpu: burn-flex, wgpu, cuda:N) against the float64 CPU
+//!   path per logits type, timed against a log-softmax (the GPU kit's first step).
 //!
 //! Each prints one JSON object. Run one measurement per process so peak-memory figures are not
 //! mixed up.
@@ -26,6 +28,8 @@ use asr_trainer::{assemble, AudioFormat};
 use asr_trainer::{Durations, EpochPlan, SamplerConfig, SamplerMode, IDLE};
 use clap::{Parser, Subcommand};
 use serde_json::json;
+
+mod tdt_check;
 
 #[derive(Parser)]
 struct Args {
@@ -140,6 +144,30 @@ enum Bench {
         vocab: usize,
         #[arg(long, default_value_t = 2)]
         repeats: usize,
+    },
+    /// The TDT loss on a device against the float64 CPU path, for each logits type, at
+    /// Parakeet-TDT-0.6B's sizes (batch 8, up to 750 frames and 150 tokens, 1024 tokens +
+    /// blank, 5 durations) and edge sizes; costs' largest relative error, gradients' largest
+    /// absolute error, and the loss's forward + backward time over one log-softmax's.
+    TdtCheck {
+        /// `cpu` (burn-flex, which stores f32, f16 and bf16), `wgpu` or `cuda:N`.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Logits types, comma-separated (a type the device lacks is reported unsupported).
+        #[arg(long, value_delimiter = ',', default_value = "f32,f16,bf16")]
+        dtypes: Vec<String>,
+        /// `parakeet` or `small` (seconds on a CPU, for dry runs).
+        #[arg(long, default_value = "parakeet")]
+        sizes: String,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Also write one case's inputs and float64 costs and gradients as .npy files here
+        /// (for bench/tdt_peer.py).
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        /// Also write the JSON result to this file.
+        #[arg(long)]
+        json_out: Option<PathBuf>,
     },
     /// Assemble every batch of an epoch from a corpus on this thread.
     Batches {
@@ -279,6 +307,49 @@ fn main() -> anyhow::Result<()> {
         Bench::JointMemory { batch, seconds, tokens_per_second, part, unfused } => {
             joint_memory(batch, seconds, tokens_per_second, part, unfused)?
         }
+        Bench::TdtCheck { device, dtypes, sizes, repeats, dump, json_out } => {
+            let dump = dump.as_deref();
+            let v = match device.as_str() {
+                "cpu" => tdt_check::run::<burn::backend::Flex>(
+                    &Default::default(),
+                    "cpu (burn-flex)",
+                    &dtypes,
+                    &sizes,
+                    repeats,
+                    dump,
+                )?,
+                #[cfg(feature = "wgpu")]
+                "wgpu" => tdt_check::run::<burn::backend::Wgpu>(
+                    &Default::default(),
+                    "wgpu",
+                    &dtypes,
+                    &sizes,
+                    repeats,
+                    dump,
+                )?,
+                #[cfg(feature = "cuda")]
+                cuda if cuda.starts_with("cuda:") => {
+                    let n: usize = cuda[5..].parse().context("cuda:N: N is an ordinal")?;
+                    prepare_cuda(n)?;
+                    tdt_check::run::<burn::backend::Cuda>(
+                        &burn::backend::cuda::CudaDevice::new(n),
+                        cuda,
+                        &dtypes,
+                        &sizes,
+                        repeats,
+                        dump,
+                    )?
+                }
+                other => {
+                    anyhow::bail!("--device {other}: expected cpu, wgpu or cuda:N (this build's)")
+                }
+            };
+            if let Some(p) = json_out {
+                std::fs::write(&p, serde_json::to_string_pretty(&v)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+            v
+        }
         Bench::Tdt { batch, frames, targets, vocab, repeats } => {
             tdt_bench(batch, frames, targets, vocab, repeats)?
         }
@@ -319,6 +390,18 @@ fn main() -> anyhow::Result<()> {
         }
     };
     println!("{out}");
+    Ok(())
+}
+
+/// What `asrt train --device cuda:N` checks and sets up before the first CUDA call (the driver,
+/// the ordinal, NVRTC, the toolkit's headers, the kernel cache).
+#[cfg(feature = "cuda")]
+fn prepare_cuda(ordinal: usize) -> anyhow::Result<()> {
+    use asr_trainer::KernelCache;
+    let cache = KernelCache::resolve(None, &|k| std::env::var(k).ok());
+    let link_dir = std::env::temp_dir().join("asrt-nccl");
+    asr_trainer::cuda_env::prepare(&[ordinal], false, &link_dir)?;
+    cache.install()?;
     Ok(())
 }
 

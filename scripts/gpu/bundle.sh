@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the GPU kit, here (a machine with Rust): everything scripts/gpu/run.sh needs on the GPU
+# machine, which has no Rust and no network, in one git-ignored folder under the device tool's
+# 64 MiB per call:
+#
+#   gpu-kit/bin/{asrt,asrt-bench,make-synthetic-corpus}.xz   --features cuda, release, stripped
+#   gpu-kit/data/espeak.asrcorpus                            the example corpus
+#   gpu-kit/reference/metrics.jsonl, eval.txt                the quickstart's CPU run of `tiny`
+#
+#   bash scripts/gpu/bundle.sh            then run with carry ["gpu-kit"]:
+#   bash scripts/gpu/run.sh               (on the GPU machine; see its header)
+#
+# Before packing it checks, on this machine (no GPU), that the CUDA binaries refuse cleanly: no
+# driver, a device listed twice, an unknown device.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# The GPU machine's driver (580) is CUDA 13.0. Without nvcc here cudarc would bind CUDA 13.4's
+# API, whose newer entry points that driver lacks.
+export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
+kit=gpu-kit
+limit_mib=60
+
+step() { printf '\n== bundle: %s\n' "$*"; }
+
+step "build --release --features cuda (asrt, asrt-bench, make-synthetic-corpus)"
+cargo build --release --locked --features cuda -p asr-trainer --bin asrt --bin asrt-bench
+cargo build --release --locked -p asr-examples --bin make-synthetic-corpus
+rel="$CARGO_TARGET_DIR/release"
+
+step "refusals of the CUDA build on this machine (no GPU)"
+# check_refusal EXIT-CODE MESSAGE COMMAND...: the command exits with that code, says the message
+# and does not panic.
+check_refusal() {
+  local code="$1" want="$2"; shift 2
+  local log; log="$(mktemp)"
+  set +e
+  timeout 60 "$@" >"$log" 2>&1
+  local rc=$?
+  set -e
+  if [ "$rc" -ne "$code" ] || ! grep -q -- "$want" "$log" || grep -q "panicked" "$log"; then
+    echo "bundle: '$*' should exit $code saying '$want' (no panic); it exited $rc:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  echo "refused as expected: $* -> $(grep -m1 -- "$want" "$log")"
+  rm -f "$log"
+}
+check_refusal 2 "listed twice" "$rel/asrt" train examples/espeak/manifest.parquet --devices cuda:0,cuda:0
+check_refusal 2 "expected cpu, cuda:N or wgpu" "$rel/asrt" eval x.asrcorpus --checkpoint y --device tpu:0
+if ! ldconfig -p | grep -q 'libcuda\.so'; then
+  quick="$(mktemp -d)"
+  "$rel/make-synthetic-corpus" "$quick/s.asrcorpus" --utterances 8 >/dev/null
+  check_refusal 2 "libcuda could not be loaded" \
+    "$rel/asrt" train "$quick/s.asrcorpus" --out "$quick/run" --max-steps 1 --device cuda:0 --quiet
+  check_refusal 1 "libcuda could not be loaded" "$rel/asrt-bench" tdt-check --device cuda:0 --sizes small
+  rm -rf "$quick"
+fi
+
+step "the example corpus and the CPU reference run (scripts/quickstart.sh)"
+rm -rf "$kit"
+mkdir -p "$kit/bin" "$kit/data" "$kit/reference"
+bash scripts/quickstart.sh "$kit/quickstart" > "$kit/quickstart.log" 2>&1 || {
+  cat "$kit/quickstart.log"; exit 1; }
+cp "$kit/quickstart/espeak.asrcorpus" "$kit/data/"
+cp "$kit/quickstart/run/metrics.jsonl" "$kit/quickstart/eval.txt" "$kit/reference/"
+rm -rf "$kit/quickstart" "$kit/quickstart.log"
+
+step "strip and compress"
+for b in asrt asrt-bench make-synthetic-corpus; do
+  strip -o "$kit/bin/$b" "$rel/$b"
+  xz -T0 -9 -f "$kit/bin/$b"
+done
+git rev-parse HEAD > "$kit/commit"
+du -b "$kit"/bin/* "$kit"/data/* "$kit"/reference/*
+size=$(du -sm "$kit" | cut -f1)
+if [ "$size" -gt "$limit_mib" ]; then
+  echo "bundle: $kit is $size MiB, over the $limit_mib MiB this kit allows (64 MiB per call)" >&2
+  exit 1
+fi
+cat <<TXT
+
+bundle: $kit is $size MiB ($(cat "$kit/commit")).
+Run it on the GPU machine with the device tool:
+  command: bash scripts/gpu/run.sh
+  carry:   ["gpu-kit"]
+TXT

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Verdicts of the GPU kit's steps (scripts/gpu/run.sh) and its summary.
+
+Each check prints one line, "VERDICT: what was seen", VERDICT being PASS, FAIL or SKIPPED, and
+writes the figures it read to WORK/summary-STEP.json. `summary` writes OUT/results.json and
+OUT/results.md. Standard library only: the GPU machine has no network.
+"""
+
+import json
+import os
+import re
+import statistics
+import sys
+
+# Largest errors the TDT kernels may show against the float64 path on the same (rounded)
+# logits. f32: f32 accumulation over lattices of up to 750 x 151 nodes; on wgpu a 300 x 260
+# lattice measured 5e-4 on the gradient. f16 and bf16: the rounding of the outputs, written in the
+# logits' type (half a unit in the last place: 2^-11 and 2^-8 relative; gradients are below 1).
+BOUNDS = {
+    "f32": {"cost_rel": 1e-4, "grad_abs": 2e-3},
+    "f16": {"cost_rel": 2.0 ** -11 * 2, "grad_abs": 2e-3},
+    "bf16": {"cost_rel": 2.0 ** -8 * 2, "grad_abs": 2.0 ** -8 * 2},
+}
+# The loss's forward + backward over one log-softmax of the same logits: the goal.
+LOSS_OVER_SOFTMAX_GOAL = 3.0
+
+
+def tail(path, n=3):
+    try:
+        lines = open(path, errors="replace").read().strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(lines[-n:])[-300:]
+
+
+def panicked(log):
+    try:
+        return "panicked" in open(log, errors="replace").read()
+    except OSError:
+        return False
+
+
+def save(work, step, figures):
+    with open(os.path.join(work, f"summary-{step}.json"), "w") as f:
+        json.dump(figures, f, indent=1)
+
+
+def load_json(path):
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return None
+
+
+def metrics(path):
+    try:
+        return [json.loads(line) for line in open(path) if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def check_tdt(rc, log, result):
+    work = os.path.dirname(result)
+    data = load_json(result)
+    if rc != 0 or data is None:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    worst, failures, ratios, unsupported = {}, [], [], []
+    for c in data["cases"]:
+        if not c.get("supported"):
+            unsupported.append(f"{c['case']} {c['dtype']}")
+            continue
+        b = BOUNDS[c["dtype"]]
+        cost, grad = c["max_relative_cost_error"], c["max_abs_gradient_error"]
+        w = worst.setdefault(c["dtype"], [0.0, 0.0])
+        w[0], w[1] = max(w[0], cost if cost == cost else float("inf")), max(w[1], grad if grad == grad else float("inf"))
+        if not (cost <= b["cost_rel"] and grad <= b["grad_abs"]):
+            failures.append(f"{c['case']} {c['dtype']}: cost {cost:.2e} (bound {b['cost_rel']:.1e}), "
+                            f"gradient {grad:.2e} (bound {b['grad_abs']:.1e})")
+        if c["case"].startswith("parakeet") or c["case"].startswith("small"):
+            ratios.append((c["case"], c["dtype"], c["loss_over_log_softmax"], c["loss_forward_backward_seconds"]))
+    figures = {"worst": worst, "loss_over_log_softmax": ratios, "unsupported": unsupported,
+               "loaded_libraries": data.get("loaded_libraries", [])}
+    save(work, "a", figures)
+    worst_s = ", ".join(f"{d}: cost {w[0]:.1e} grad {w[1]:.1e}" for d, w in worst.items())
+    ratio_s = ", ".join(f"{n} {d} {r:.2f}x ({s * 1e3:.1f} ms)" for n, d, r, s in ratios)
+    slow = [r for r in ratios if r[2] > LOSS_OVER_SOFTMAX_GOAL]
+    verdict = "FAIL" if failures else "PASS"
+    note = f"worst {worst_s}; loss / log-softmax {ratio_s}"
+    if slow:
+        note += f"; above the {LOSS_OVER_SOFTMAX_GOAL}x goal: {len(slow)}"
+    if unsupported:
+        note += f"; unsupported: {', '.join(unsupported)}"
+    if failures:
+        note = "; ".join(failures[:3]) + "; " + note
+    return f"{verdict}: {note}"
+
+
+def check_peer(rc, log, result, ours):
+    work = os.path.dirname(result)
+    if rc == 3:
+        return f"SKIPPED: {tail(log, 1)}"
+    data = load_json(result)
+    if rc != 0 or data is None:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    a = load_json(ours) or {"cases": []}
+    peer_case = [c for c in a["cases"] if c["case"] == "peer"]
+    figures = dict(data)
+    figures.pop("all", None)
+    note = (f"PyTorch ({data['device']}) vs asrt's f64 path: cost {data['max_relative_cost_error_vs_asrt_f64']:.1e}, "
+            f"gradient {data['max_abs_gradient_error_vs_asrt_f64']:.1e}; PyTorch loss "
+            f"{data['loss_forward_backward_seconds'] * 1e3:.1f} ms = {data['loss_over_log_softmax']:.1f}x its log-softmax")
+    if peer_case:
+        ours_s = peer_case[0]["loss_forward_backward_seconds"]
+        figures["asrt_loss_seconds"] = ours_s
+        figures["pytorch_over_asrt"] = data["loss_forward_backward_seconds"] / ours_s
+        note += f"; asrt {ours_s * 1e3:.1f} ms ({figures['pytorch_over_asrt']:.1f}x faster)"
+    save(work, "b", figures)
+    ok = data["max_relative_cost_error_vs_asrt_f64"] <= 1e-4 and data["max_abs_gradient_error_vs_asrt_f64"] <= 1e-4
+    return f"{'PASS' if ok else 'FAIL'}: {note}"
+
+
+def step_times(ms):
+    return [m["ranks"][0]["step_seconds"] for m in ms if m.get("ranks")]
+
+
+def check_train_tiny(rc, log, work, reference):
+    if rc != 0:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    ms = metrics(os.path.join(work, "c-run", "metrics.jsonl"))
+    ms2 = metrics(os.path.join(work, "c-run2", "metrics.jsonl"))
+    ev = load_json(os.path.join(work, "c-eval.json")) or {}
+    times, times2 = step_times(ms), step_times(ms2)
+    figures = {
+        "steps": len(ms), "losses": [m["loss"] for m in ms],
+        "first_step_seconds": times[0] if times else None,
+        "steady_step_seconds": statistics.median(times[1:]) if len(times) > 1 else None,
+        "warm_cache_first_step_seconds": times2[0] if times2 else None,
+        "eval_wer": ev.get("overall", {}).get("wer"), "eval_cer": ev.get("overall", {}).get("cer"),
+    }
+    note = (f"{len(ms)} steps, first {figures['first_step_seconds']:.2f} s (cold kernel cache), steady "
+            f"{figures['steady_step_seconds'] or float('nan'):.3f} s, first with warm cache "
+            f"{figures['warm_cache_first_step_seconds'] or float('nan'):.2f} s; eval WER {figures['eval_wer']}")
+    verdict = "PASS" if ms and all(m["loss"] == m["loss"] for m in ms) else "FAIL"
+    if reference != "none":
+        ref = metrics(reference)
+        pairs = list(zip([m["loss"] for m in ref], figures["losses"]))
+        rel = [abs(a - b) / abs(a) for a, b in pairs]
+        figures["loss_rel_diff_vs_cpu"] = rel
+        if rel:
+            note += (f"; losses vs the CPU run: step 1 {rel[0]:.1e}, max over {len(rel)} steps {max(rel):.1e} "
+                     f"(TF32 matmuls carry 10 mantissa bits: 1e-3 relative per product, compounding over steps)")
+            # Step 1 sees the same weights and batch: only arithmetic differs.
+            if rel[0] > 1e-2:
+                verdict = "FAIL"
+    save(work, "c", figures)
+    return f"{verdict}: {note}"
+
+
+def check_train_big(rc, log, work):
+    if rc != 0:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    ms = metrics(os.path.join(work, "d-run", "metrics.jsonl"))
+    if not ms:
+        return f"FAIL: no metrics; {tail(log)}"
+    steady = ms[1:] or ms
+    step_s = statistics.median([m["ranks"][0]["step_seconds"] + m["ranks"][0]["wait_seconds"] for m in steady])
+    wait = sum(m["ranks"][0]["wait_seconds"] for m in steady)
+    total = sum(m["ranks"][0]["step_seconds"] + m["ranks"][0]["wait_seconds"] for m in steady)
+    audio = statistics.median([m["audio_seconds_per_second"] for m in steady])
+    mem = None
+    try:
+        vals = [float(x) for x in open(os.path.join(work, "d-memory.csv")).read().split() if x.strip()]
+        mem = max(vals) if vals else None
+    except OSError:
+        pass
+    figures = {"steps": len(ms), "median_step_seconds": step_s, "audio_seconds_per_second": audio,
+               "data_wait_share": wait / total if total else None, "peak_memory_mib_nvidia_smi": mem,
+               "first_step_seconds": ms[0]["ranks"][0]["step_seconds"],
+               "audio_seconds_per_step": statistics.median([m["audio_seconds"] for m in steady])}
+    save(work, "d", figures)
+    mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
+    return (f"PASS: {len(ms)} steps, median {step_s:.3f} s/step ({figures['audio_seconds_per_step']:.0f} audio-s per step), "
+            f"{audio:.1f} audio-s/s, data wait {100 * figures['data_wait_share']:.1f} %, peak device memory {mem_s}; "
+            f"MFU not computed yet")
+
+
+def check_oom(rc, log):
+    text = open(log, errors="replace").read()
+    if panicked(log):
+        return f"FAIL: a panic; {tail(log)}"
+    said = "ran out of memory" in text
+    m = re.search(r"max_batch_seconds = ([0-9.]+)", text)
+    second = "second run at" in text
+    trained = len(re.findall(r"trained to step [1-9]", text))
+    if said and m and second and rc == 0 and trained >= 1:
+        return f"PASS: out of memory named the batch, suggested max_batch_seconds = {m.group(1)}, which then trained a step"
+    if said and m and second:
+        return f"FAIL: the suggested max_batch_seconds = {m.group(1)} did not train (exit {rc}); {tail(log)}"
+    if not said:
+        return f"FAIL: no out-of-memory error seen (exit {rc}); {tail(log)}"
+    return f"FAIL: exit {rc}; {tail(log)}"
+
+
+def check_refusals(rc, log, dry):
+    text = open(log, errors="replace").read()
+    if panicked(log):
+        return f"FAIL: a panic; {tail(log)}"
+    if dry == "1":
+        # A build without CUDA refuses cuda:N while parsing.
+        ok = text.count("built without cuda") >= 2
+        return ("PASS" if ok else "FAIL") + ": cuda:N refused by a build without CUDA" + ("" if ok else f"; {tail(log)}")
+    twice = "listed twice" in text
+    missing = re.search(r"cuda:63: this machine has (\d+) CUDA device", text)
+    ok = twice and missing
+    return (f"{'PASS' if ok else 'FAIL'}: duplicate ordinal {'refused' if twice else 'NOT refused'}, "
+            f"missing ordinal {'refused naming ' + missing.group(1) + ' device(s)' if missing else 'NOT refused'}")
+
+
+def summary(records, work, out, dry):
+    rows = []
+    for line in open(records):
+        name, verdict, secs, note = line.rstrip("\n").split("\t", 3)
+        rows.append({"step": name, "verdict": verdict, "seconds": float(secs), "note": note,
+                     "figures": load_json(os.path.join(work, f"summary-{name}.json"))})
+    env = open(os.path.join(work, "logs", "env.log"), errors="replace").read() if os.path.exists(
+        os.path.join(work, "logs", "env.log")) else ""
+    result = {"dry_run": dry == "1", "steps": rows, "environment": env}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
+             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "f": "out of memory", "g": "device refusals"}
+    md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['step']} | {names.get(r['step'], '')} | {r['verdict']} | {r['seconds']:.1f} | "
+                  f"{r['note'].replace('|', '/')} |")
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(("dry run (wgpu/CPU, small sizes)\n\n" if dry == "1" else "") + "\n".join(md) + "\n")
+
+
+def main():
+    kind, args = sys.argv[1], sys.argv[2:]
+    if kind == "summary":
+        summary(*args)
+        return
+    rc = int(args[0])
+    print({
+        "tdt-check": lambda: check_tdt(rc, *args[1:]),
+        "tdt-peer": lambda: check_peer(rc, *args[1:]),
+        "train-tiny": lambda: check_train_tiny(rc, *args[1:]),
+        "train-big": lambda: check_train_big(rc, *args[1:]),
+        "oom": lambda: check_oom(rc, *args[1:]),
+        "refusals": lambda: check_refusals(rc, *args[1:]),
+    }[kind]())
+
+
+if __name__ == "__main__":
+    main()

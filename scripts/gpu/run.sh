@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# The GPU kit: one command that gets the most verified information out of a GPU machine's
+# minutes (no Rust, no network there). Build the kit first, here: bash scripts/gpu/bundle.sh.
+#
+#   bash scripts/gpu/run.sh                 on the GPU machine (device tool: carry ["gpu-kit"])
+#   bash scripts/gpu/run.sh --dry-run       anywhere: the same steps on wgpu/CPU with small sizes,
+#                                           using the test-profile binaries (CI runs this)
+#
+# Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
+# (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500).
+#
+# Steps, each under a timeout, with its own log and a one-line verdict:
+#   env  the machine's facts: nvidia-smi, driver, nvcc, NVRTC and NCCL found, python's torch
+#   a    the TDT kernels against the float64 CPU path on the device (f32, f16, bf16; Parakeet
+#        sizes and edge sizes), and their time against one log-softmax (asrt-bench tdt-check)
+#   b    the same logits through transformers' pure-PyTorch TDT loss (bench/tdt_peer.py)
+#   c    `tiny` on the example corpus, 40 steps on the device, losses against the CPU reference,
+#        then eval; again with the kernel cache warm
+#   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
+#        step time, audio-s/s, peak device memory, data-wait share
+#   f    out of memory: a huge max_batch_seconds must stop cleanly naming the batch, then a run
+#        at the suggested value
+#   g    refusals: a device listed twice, an ordinal the machine lacks
+# Results: $OUT/results.json and $OUT/results.md (the summary table, last), $OUT/logs.tar.gz
+# (every step's log and output), at most 8 files in all.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo="$(pwd)"
+
+kit=gpu-kit
+out="${OUT:-}"
+dry=0
+only=""
+budget=1500
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=1 ;;
+    --kit) kit="$2"; shift ;;
+    --out) out="$2"; shift ;;
+    --only) only="$2"; shift ;;
+    --budget) budget="$2"; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -n "$out" ] || out=out/gpu
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/asrt-gpu.XXXXXX")"
+logs="$work/logs"
+mkdir -p "$logs"
+records="$work/records.tsv"
+: > "$records"
+started=$(date +%s)
+
+say() { printf '%s\n' "$*" | tee -a "$logs/run.log"; }
+
+# --- environment ---------------------------------------------------------------------------
+if [ "$dry" = 1 ]; then
+  # The kernels and the out-of-memory path on wgpu (lavapipe binds at most 128 MiB per buffer);
+  # training steps on the CPU, where they take a fraction of a second.
+  dev=wgpu
+  train_dev=cpu
+  sizes=small
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+  bin="$CARGO_TARGET_DIR/debug"
+  corpus="$work/espeak.asrcorpus"
+  "$bin/asrc" compile examples/espeak/manifest.parquet --tokenizer examples/espeak/spm.model \
+    -o "$corpus" --max-reject-fraction 0.5 > "$logs/compile.log" 2>&1 \
+    || { cat "$logs/compile.log"; echo "run.sh: the dry run needs the test-profile binaries (cargo build --workspace --bins)" >&2; exit 2; }
+  reference=""
+  train_steps=3
+  # Mesa's software Vulkan has no XDG runtime directory to complain about.
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}"
+else
+  dev=cuda:0
+  train_dev=cuda:0
+  sizes=parakeet
+  [ -d "$kit/bin" ] || { echo "run.sh: no $kit/bin: build the kit with scripts/gpu/bundle.sh and carry it" >&2; exit 2; }
+  bin="$work/bin"
+  mkdir -p "$bin"
+  for f in "$kit"/bin/*.xz; do
+    b="$(basename "$f" .xz)"
+    if command -v xz >/dev/null; then xz -dc "$f" > "$bin/$b"; else
+      python3 -c 'import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$f" > "$bin/$b"; fi
+    chmod +x "$bin/$b"
+  done
+  corpus="$kit/data/espeak.asrcorpus"
+  reference="$kit/reference/metrics.jsonl"
+  train_steps=40
+  # The toolkit's headers (kernels include them) and its libraries first: its NVRTC matches the
+  # driver, a newer one (pip's) would write PTX the driver refuses.
+  if [ -z "${CUDA_PATH:-}" ]; then
+    for d in /usr/local/cuda /usr/local/cuda-13.0 /opt/cuda; do
+      [ -f "$d/include/cuda_runtime.h" ] && { export CUDA_PATH="$d"; break; }
+    done
+  fi
+  libpath="${CUDA_PATH:+$CUDA_PATH/lib64}"
+  # NCCL and NVRTC from the Python environment's NVIDIA wheels, after the toolkit's.
+  py_nvidia="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]) + "/nvidia")' 2>/dev/null || true)"
+  if [ -n "$py_nvidia" ] && [ -d "$py_nvidia" ]; then
+    for d in "$py_nvidia"/nccl/lib "$py_nvidia"/cu13/lib "$py_nvidia"/cuda_nvrtc/lib; do
+      [ -d "$d" ] && libpath="$libpath:$d"
+    done
+  fi
+  export LD_LIBRARY_PATH="${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export ASRT_KERNEL_CACHE="$work/kernel-cache"
+
+# record NAME VERDICT SECONDS NOTE
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$records"; say "[$1] $2 ($3 s): $4"; }
+
+wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+
+# run_step NAME TIMEOUT COMMAND...: runs the command with its output in logs/NAME.log; the step's
+# checker (check_NAME, reading that log and $work) gives the verdict.
+run_step() {
+  local name="$1" limit="$2"; shift 2
+  wanted "$name" || return 0
+  local left=$(( budget - ($(date +%s) - started) ))
+  if [ "$left" -lt 30 ]; then record "$name" skipped 0 "out of time (--budget $budget)"; return 0; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  say "== step $name (timeout ${limit} s): $*"
+  local t0; t0=$(date +%s.%N)
+  if declare -F "$1" > /dev/null; then
+    # A step written as a function of this script: timeout runs programs, so a child bash
+    # runs it (the functions and variables it needs are exported below).
+    timeout --kill-after=10 "$limit" bash -c '"$0" "$@"' "$@" > "$logs/$name.log" 2>&1
+  else
+    timeout --kill-after=10 "$limit" "$@" > "$logs/$name.log" 2>&1
+  fi
+  local rc=$?
+  local secs; secs=$(python3 -c "import time; print(round(time.time() - $t0, 1))")
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    record "$name" TIMEOUT "$secs" "killed after $limit s; last lines: $(tail -n 3 "$logs/$name.log" | tr '\n' ' ')"
+    return 0
+  fi
+  local verdict
+  verdict="$("check_$name" "$rc" 2>>"$logs/$name.log")"
+  record "$name" "${verdict%%:*}" "$secs" "${verdict#*: }"
+}
+
+# Each checker prints "VERDICT: one line".
+py() { python3 "$repo/scripts/gpu/check.py" "$@"; }
+
+# --- steps ---------------------------------------------------------------------------------
+step_env() {
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(cat "$kit/commit" 2>/dev/null || git -C "$repo" rev-parse HEAD 2>/dev/null)"
+  echo "CUDA_PATH=${CUDA_PATH:-}"; echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
+  nvidia-smi 2>&1 | head -n 15 || true
+  command -v nvcc >/dev/null && nvcc --version | tail -n 2
+  for lib in libcuda.so.1 libnvrtc.so libnvrtc.so.13 libnccl.so libnccl.so.2; do
+    python3 -c 'import ctypes,sys; ctypes.CDLL(sys.argv[1]); print("loads:", sys.argv[1])' "$lib" 2>/dev/null \
+      || echo "does not load: $lib"
+  done
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1 || true
+  python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 || true
+  nproc
+}
+check_env() {
+  if [ "$1" -ne 0 ]; then echo "FAIL: exit $1"; return; fi
+  local gpu; gpu="$(grep -m1 -A1 '^name, memory.total' "$logs/env.log" | tail -n 1)"
+  echo "PASS: ${gpu:-no nvidia-smi}; $(grep -m1 '^torch' "$logs/env.log")"
+}
+
+check_a() { py tdt-check "$1" "$logs/a.log" "$work/a.json"; }
+check_b() { py tdt-peer "$1" "$logs/b.log" "$work/b.json" "$work/a.json"; }
+
+step_c() {
+  local cfg=examples/espeak/train.toml
+  "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/c-run" --device "$train_dev" \
+    --max-steps "$train_steps" --quiet || return $?
+  "$bin/asrt" eval "$corpus" --checkpoint "$work/c-run" --device "$train_dev" --json > "$work/c-eval.json" || return $?
+  # Again, with the kernel cache warm.
+  "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/c-run2" --device "$train_dev" \
+    --max-steps 3 --quiet || return $?
+  ls -R "$ASRT_KERNEL_CACHE" 2>/dev/null | head -n 20
+}
+check_c() { py train-tiny "$1" "$logs/c.log" "$work" "${reference:-none}"; }
+
+# Synthetic utterances of 5-20 s (tones and noise, random token ids of a 1024-piece vocabulary).
+long_corpus() {
+  [ -f "$work/long.asrcorpus" ] && return 0
+  "$bin/make-synthetic-corpus" "$work/long.asrcorpus" --utterances "$([ "$dry" = 1 ] && echo 12 || echo 96)" \
+    --vocab 1024 --min-seconds 5 --max-seconds 20 --max-tokens 80
+}
+
+step_d() {
+  long_corpus || return $?
+  local cfg="$work/parakeet.toml"
+  if [ "$dry" = 1 ]; then
+    # The 0.6B preset's structure at a CPU's size.
+    printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nn_layers = 1\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 30.0\n' > "$cfg"
+  else
+    printf 'preset = "parakeet-tdt-0.6b"\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 120.0\n' > "$cfg"
+  fi
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/d-memory.csv" 2>/dev/null &
+    local smi=$!
+  fi
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$cfg" --out "$work/d-run" --device "$train_dev" \
+    --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" --quiet
+  local rc=$?
+  [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+  return $rc
+}
+check_d() { py train-big "$1" "$logs/d.log" "$work"; }
+
+step_f() {
+  local cfg="$work/oom.toml"
+  if [ "$dry" = 1 ]; then
+    # lavapipe binds at most 128 MiB per buffer: a wide joint over a big batch exceeds it.
+    printf 'preset = "tiny"\n[model.joint]\njoint_hidden = 640\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 100.0\n' > "$cfg"
+  else
+    printf 'preset = "parakeet-tdt-0.6b"\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 100000.0\n' > "$cfg"
+  fi
+  # Utterances of one length, so the sampler puts many in one micro-batch: 16 of 7-8 s for
+  # lavapipe, 400 of 19-20 s for a GPU (about 300 MB of joint and loss per utterance).
+  if [ "$dry" = 1 ]; then set -- 16 7 8 60; else set -- 400 19 20 80; fi
+  "$bin/make-synthetic-corpus" "$work/same.asrcorpus" --utterances "$1" --vocab 1024 \
+    --min-seconds "$2" --max-seconds "$3" --max-tokens "$4" || return $?
+  # Two steps: the plan may put a small remainder batch first.
+  "$bin/asrt" train "$work/same.asrcorpus" --config "$cfg" --out "$work/f-run" --device "$dev" \
+    --max-steps 2 --quiet
+  local rc=$?
+  echo "first run exit: $rc"
+  local suggested
+  suggested="$(grep -o 'max_batch_seconds = [0-9.]*' "$logs/f.log" | head -n 1 | grep -o '[0-9.]*$')"
+  [ -n "$suggested" ] || return 3
+  sed -i "s/^max_batch_seconds = .*/max_batch_seconds = $suggested/" "$cfg"
+  echo "second run at max_batch_seconds = $suggested"
+  "$bin/asrt" train "$work/same.asrcorpus" --config "$cfg" --out "$work/f-run2" --device "$dev" \
+    --max-steps 2 --quiet
+}
+check_f() { py oom "$1" "$logs/f.log"; }
+
+step_g() {
+  local twice="${dev},${dev}"
+  [ "$dry" = 1 ] && twice="cuda:0,cuda:0"
+  echo "--- devices $twice"
+  "$bin/asrt" train "$corpus" --out "$work/g-run" --devices "$twice" --max-steps 1 --quiet
+  echo "exit: $?"
+  echo "--- device cuda:63"
+  "$bin/asrt" train "$corpus" --out "$work/g-run" --device cuda:63 --max-steps 1 --quiet
+  echo "exit: $?"
+  return 0
+}
+check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
+
+export -f step_env step_c step_d step_f step_g long_corpus
+export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo
+
+run_step env 60 step_env
+run_step a 600 "$bin/asrt-bench" tdt-check --device "$dev" --sizes "$sizes" --repeats 3 --dump "$work/peer" \
+  --json-out "$work/a.json"
+run_step b 600 python3 bench/tdt_peer.py "$work/peer" --json-out "$work/b.json"
+run_step c 600 step_c
+run_step d 600 step_d
+run_step f 300 step_f
+run_step g 60 step_g
+
+python3 scripts/gpu/check.py summary "$records" "$work" "$out" "$dry"
+tar -czf "$out/logs.tar.gz" -C "$work" logs $(cd "$work" && ls ./*.json ./*.csv 2>/dev/null) 2>/dev/null
+cat "$out/results.md"
+rm -rf "$work"
