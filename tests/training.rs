@@ -168,7 +168,9 @@ fn parts_train_as_one_set_with_corpus_index_ids_and_resume_exactly() {
     }
 }
 
-/// A tiny model memorises five utterances. Slow (minutes): `cargo test -p asr-e2e -- --ignored`.
+/// A tiny model memorises five utterances within 100 steps (README's performance table says so):
+/// the validation at step 100 and the final evaluation decode them without a character wrong.
+/// Slow (about 2 minutes): `cargo test -p asr-e2e -- --ignored`.
 #[test]
 #[ignore]
 fn tiny_model_overfits_five_utterances() {
@@ -199,12 +201,15 @@ fn tiny_model_overfits_five_utterances() {
         .filter_map(|m| m.validation.as_ref().and_then(|v| v["cer"].as_f64()))
         .collect();
     assert_eq!(validated.len(), 3, "validation at steps 100, 200, 300");
+    eprintln!("validation CER at steps 100, 200, 300: {validated:?}");
     let e = evaluate_model_cpu(&latest(&out.join("checkpoints")).unwrap(), &c, None, 60.0).unwrap();
     for u in &e.utterances {
         eprintln!("{}: {:?} -> {:?}", u.language, u.reference, u.hypothesis);
     }
     eprintln!("training WER {:.3}, CER {:.3}", e.overall.wer, e.overall.cer);
-    assert!(e.overall.cer <= 0.05, "CER {:.3}", e.overall.cer);
+    // Measured 2026-11-25: CER 0 at steps 100, 200 and 300.
+    assert_eq!(validated[0], 0.0, "CER at step 100 (README: memorised within 100 steps)");
+    assert_eq!(e.overall.cer, 0.0, "CER after 300 steps");
 }
 
 /// The NeMo fixture (a 2-layer FastConformer-TDT made by NeMo over the example's tokenizer):

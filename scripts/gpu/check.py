@@ -206,14 +206,26 @@ def check_refusals(rc, log, dry):
     if panicked(log):
         return f"FAIL: a panic; {tail(log)}"
     if dry == "1":
-        # A build without CUDA refuses cuda:N while parsing.
-        ok = text.count("built without cuda") >= 2
+        # A build without CUDA refuses cuda:N while parsing, and has no NCCL check.
+        ok = text.count("built without cuda") >= 3
         return ("PASS" if ok else "FAIL") + ": cuda:N refused by a build without CUDA" + ("" if ok else f"; {tail(log)}")
     twice = "listed twice" in text
     missing = re.search(r"cuda:63: this machine has (\d+) CUDA device", text)
-    ok = twice and missing
+    nccl = None
+    m = re.search(r"\{.*\"bench\":\s*\"nccl-check\".*\}", text)
+    if m:
+        try:
+            nccl = json.loads(m.group(0))
+        except ValueError:
+            nccl = None
+    nccl_ok = bool(nccl and nccl["in_process_all_reduce_ok"] and nccl["communicator_ok"])
+    ok = twice and missing and nccl_ok
+    nccl_s = (f"NCCL at world size 1: in-process {'ok' if nccl['in_process_all_reduce_ok'] else 'WRONG'} "
+              f"({nccl['in_process_seconds']:.2f} s), communicator {'ok' if nccl['communicator_ok'] else 'WRONG'} "
+              f"({nccl['communicator_seconds']:.2f} s)") if nccl else f"NCCL check failed: {tail(log, 2)}"
     return (f"{'PASS' if ok else 'FAIL'}: duplicate ordinal {'refused' if twice else 'NOT refused'}, "
-            f"missing ordinal {'refused naming ' + missing.group(1) + ' device(s)' if missing else 'NOT refused'}")
+            f"missing ordinal {'refused naming ' + missing.group(1) + ' device(s)' if missing else 'NOT refused'}; "
+            f"{nccl_s}")
 
 
 def summary(records, work, out, dry):

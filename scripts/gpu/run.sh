@@ -20,7 +20,8 @@
 #        step time, audio-s/s, peak device memory, data-wait share
 #   f    out of memory: a huge max_batch_seconds must stop cleanly naming the batch, then a run
 #        at the suggested value
-#   g    refusals: a device listed twice, an ordinal the machine lacks
+#   g    refusals: a device listed twice, an ordinal the machine lacks; NCCL at world size 1, the
+#        in-process all-reduce and the cudarc communicator (asrt-bench nccl-check)
 # Results: $OUT/results.json and $OUT/results.md (the summary table, last), $OUT/logs.tar.gz
 # (every step's log and output), at most 8 files in all.
 set -uo pipefail
@@ -245,6 +246,9 @@ step_g() {
   echo "exit: $?"
   echo "--- device cuda:63"
   "$bin/asrt" train "$corpus" --out "$work/g-run" --device cuda:63 --max-steps 1 --quiet
+  echo "exit: $?"
+  echo "--- nccl-check $dev"
+  "$bin/asrt-bench" nccl-check --device "$([ "$dry" = 1 ] && echo cuda:0 || echo "$dev")"
   echo "exit: $?"
   return 0
 }

@@ -76,6 +76,8 @@ pub use train::fused::{joint_in_parts, JointInputs};
 pub use train::grads::flatten as flatten_gradients;
 pub use train::metrics::StepMetrics;
 pub use train::out_of_memory::lattice_cells;
+#[cfg(feature = "cuda")]
+pub use train::parallel::NcclGroup;
 pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankStep};
 pub use train::run::{run, run_ranks, ProcessGroup, RunOptions, RunSummary};
 pub use train::{OutOfMemory, RankBatches, ResumeMismatch, StepGradients, TrainError, Trainer};

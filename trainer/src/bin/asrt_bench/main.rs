@@ -169,6 +169,13 @@ enum Bench {
         #[arg(long)]
         json_out: Option<PathBuf>,
     },
+    /// NCCL at world size 1 on `cuda:N`: the in-process all-reduce (CubeCL's client) and the
+    /// between-processes communicator (cudarc), each summing a known vector; a build without
+    /// CUDA says so.
+    NcclCheck {
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+    },
     /// Assemble every batch of an epoch from a corpus on this thread.
     Batches {
         corpus: PathBuf,
@@ -350,6 +357,7 @@ fn main() -> anyhow::Result<()> {
             }
             v
         }
+        Bench::NcclCheck { device } => nccl_check(&device)?,
         Bench::Tdt { batch, frames, targets, vocab, repeats } => {
             tdt_bench(batch, frames, targets, vocab, repeats)?
         }
@@ -391,6 +399,44 @@ fn main() -> anyhow::Result<()> {
     };
     println!("{out}");
     Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
+    anyhow::bail!("nccl-check --device {device}: this asrt-bench was built without cuda")
+}
+
+/// Sums `1, 2, ..., n` over one rank both ways NCCL is used; each must give it back unchanged.
+#[cfg(feature = "cuda")]
+fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
+    use asr_trainer::{DeviceAllReduce, HostSum, NcclGroup, Solo};
+    use burn::backend::cuda::CudaDevice;
+    use burn::backend::Cuda;
+    use burn::tensor::{Tensor, TensorData};
+    let n: usize = device
+        .strip_prefix("cuda:")
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("--device {device}: expected cuda:N"))?;
+    let link_dir = std::env::temp_dir().join("asrt-nccl");
+    asr_trainer::cuda_env::prepare(&[n], true, &link_dir)?;
+    let values: Vec<f32> = (1..=1000).map(|i| i as f32).collect();
+    let dev = CudaDevice::new(n);
+    let s = Instant::now();
+    let t = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [values.len()]), &dev);
+    let summed = <Cuda as DeviceAllReduce>::device_all_reduce(t, std::slice::from_ref(&dev));
+    let got: Vec<f32> =
+        summed.into_data().convert::<f32>().to_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let in_process_s = s.elapsed().as_secs_f64();
+    let s = Instant::now();
+    let mut group = NcclGroup::join(n, &mut Solo)?;
+    let mut host = values.clone();
+    group.sum(&mut host)?;
+    let communicator_s = s.elapsed().as_secs_f64();
+    Ok(json!({
+        "bench": "nccl-check", "device": device,
+        "in_process_all_reduce_ok": got == values, "in_process_seconds": in_process_s,
+        "communicator_ok": host == values, "communicator_seconds": communicator_s,
+    }))
 }
 
 /// What `asrt train --device cuda:N` checks and sets up before the first CUDA call (the driver,
