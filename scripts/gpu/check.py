@@ -24,6 +24,23 @@ BOUNDS = {
 # The loss's forward + backward over one log-softmax of the same logits: the goal.
 LOSS_OVER_SOFTMAX_GOAL = 3.0
 
+# Dense bf16 tensor-core peaks, TFLOP/s, from NVIDIA's datasheets (without sparsity): H100 SXM
+# and H200 989.4, H100 PCIe 756.5. MFU is reported against the device's bf16 peak whatever the
+# run's precision (f32 runs use TF32, whose peak is half of it).
+BF16_PEAK_TFLOPS = {"H100 80GB HBM3": 989.4, "H200": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.5}
+
+# Encoder frames per audio second: 10 ms mel hop, subsampled 8x.
+FRAMES_PER_SECOND = 100 / 8
+
+
+def step_flops(parameters, audio_seconds):
+    """Model FLOPs of one optimizer step, counted the 6ND way with encoder frames as tokens:
+    every parameter does one multiply-add per frame forward (2 FLOPs) and two backward (4). Left
+    out, each small at 5-20 s: the joint's lattice (B x T x (U+1) x 640 x 1030 multiply-adds, about
+    4 % of the encoder's at 12 s and 40 tokens), attention's T x T products (about 1 %), the
+    subsampling convolutions before the 8x reduction (about 1 %). So this undercounts a little."""
+    return 6.0 * parameters * audio_seconds * FRAMES_PER_SECOND
+
 
 def tail(path, n=3):
     try:
@@ -177,11 +194,26 @@ def check_train_big(rc, log, work):
                "data_wait_share": wait / total if total else None, "peak_memory_mib_nvidia_smi": mem,
                "first_step_seconds": ms[0]["ranks"][0]["step_seconds"],
                "audio_seconds_per_step": statistics.median([m["audio_seconds"] for m in steady])}
+    shape = load_json(os.path.join(work, "d-shape.json")) or {}
+    mfu_s = "MFU not computed (no parameter count)"
+    if shape.get("parameters"):
+        flops = step_flops(shape["parameters"], figures["audio_seconds_per_step"])
+        figures["model_tflops_per_step"] = flops / 1e12
+        figures["achieved_tflops"] = flops / step_s / 1e12
+        env = open(os.path.join(work, "logs", "env.log"), errors="replace").read() if os.path.exists(
+            os.path.join(work, "logs", "env.log")) else ""
+        peak = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in env), None)
+        figures["bf16_peak_tflops"] = peak
+        if peak:
+            figures["mfu_vs_bf16_peak"] = figures["achieved_tflops"] / peak
+            mfu_s = f"{figures['achieved_tflops']:.1f} TFLOP/s = MFU {100 * figures['mfu_vs_bf16_peak']:.1f} % of the {peak} bf16 peak"
+        else:
+            mfu_s = f"{figures['achieved_tflops']:.3f} TFLOP/s (no peak known for this device)"
     save(work, "d", figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
     return (f"PASS: {len(ms)} steps, median {step_s:.3f} s/step ({figures['audio_seconds_per_step']:.0f} audio-s per step), "
             f"{audio:.1f} audio-s/s, data wait {100 * figures['data_wait_share']:.1f} %, peak device memory {mem_s}; "
-            f"MFU not computed yet")
+            f"{mfu_s}")
 
 
 def check_oom(rc, log):

@@ -108,6 +108,8 @@ else
   export LD_LIBRARY_PATH="${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export ASRT_KERNEL_CACHE="$work/kernel-cache"
+# Backtraces for panics (a bug to fix), not for errors (messages that already say what is wrong).
+export RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
 
 # record NAME VERDICT SECONDS NOTE
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$records"; say "[$1] $2 ($3 s): $4"; }
@@ -202,6 +204,10 @@ step_d() {
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/d-memory.csv" 2>/dev/null &
     local smi=$!
   fi
+  # The preset's parameter count, for the FLOPs of a step (check.py says how they are counted).
+  # (Not in a dry run, whose model is the preset's structure at a small width.)
+  [ "$dry" = 1 ] || "$bin/asrt-bench" model-shape --preset parakeet-tdt-0.6b --seconds 1 --repeats 1 \
+    > "$work/d-shape.json" || true
   "$bin/asrt" train "$work/long.asrcorpus" --config "$cfg" --out "$work/d-run" --device "$train_dev" \
     --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" --quiet
   local rc=$?
