@@ -50,6 +50,18 @@ pub trait TdtBackend: Backend {
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError>;
 }
 
+impl TdtProblem {
+    /// This problem over host logits of shape `[batch, t_max, u_max + 1, width]`, as the CPU
+    /// path reads it ([`batch::loss`]).
+    pub fn input<'a>(
+        &'a self,
+        logits: &'a [f32],
+        dims: [usize; 4],
+    ) -> Result<BatchInput<'a>, TdtError> {
+        batch_input(logits, dims, self)
+    }
+}
+
 /// The problem's batch layout for logits of shape `[batch, t_max, u_max + 1, width]`.
 fn batch_input<'a>(
     logits: &'a [f32],

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use asr_plan::rng::SplitMix64;
-use asr_tdt::batch::{self, BatchInput};
+use asr_tdt::batch;
 use asr_tdt::op::{TdtBackend, TdtProblem};
 use asr_tdt::TdtOptions;
 use burn::tensor::{activation, DType, Tensor, TensorData, TensorPrimitive};
@@ -93,18 +93,7 @@ fn case(shape: &Shape, seed: u64) -> Case {
 /// Float64 costs and gradients of `logits` (the case's, or their rounding to a type).
 fn reference(c: &Case, logits: &[f32]) -> anyhow::Result<(Vec<f64>, Vec<f32>)> {
     let p = &c.problem;
-    let input = BatchInput {
-        logits,
-        batch: c.dims[0],
-        t_max: c.dims[1],
-        u_max: p.u_max,
-        vocab: c.dims[3] - p.options.durations.len(),
-        n_dur: p.options.durations.len(),
-        targets: &p.targets,
-        frame_lens: &p.frame_lens,
-        target_lens: &p.target_lens,
-    };
-    let out = batch::loss(&input, &p.options, false, true)?;
+    let out = batch::loss(&p.input(logits, c.dims)?, &p.options, false, true)?;
     Ok((out.costs, out.grads.context("no gradient")?))
 }
 
