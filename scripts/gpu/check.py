@@ -132,7 +132,11 @@ def check_peer(rc, log, result, ours):
         figures["pytorch_over_asrt"] = data["loss_forward_backward_seconds"] / ours_s
         note += f"; asrt {ours_s * 1e3:.1f} ms ({figures['pytorch_over_asrt']:.1f}x faster)"
     save(work, "b", figures)
-    ok = data["max_relative_cost_error_vs_asrt_f64"] <= 1e-4 and data["max_abs_gradient_error_vs_asrt_f64"] <= 1e-4
+    # PyTorch's loss accumulates in f32, as the kernels do: the same bounds (on the CPU at this
+    # case's size: 2.4e-7 and 8.9e-5, bench/RESULTS.md).
+    b = BOUNDS["f32"]
+    ok = (data["max_relative_cost_error_vs_asrt_f64"] <= b["cost_rel"]
+          and data["max_abs_gradient_error_vs_asrt_f64"] <= b["grad_abs"])
     return f"{'PASS' if ok else 'FAIL'}: {note}"
 
 

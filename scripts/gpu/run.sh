@@ -108,6 +108,13 @@ else
   export LD_LIBRARY_PATH="${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export ASRT_KERNEL_CACHE="$work/kernel-cache"
+# The Python that has torch and transformers: $ASRT_PEER_PYTHON, else the cached venv of this
+# machine's optional PyTorch tests (README, Development), else python3.
+peer_python="${ASRT_PEER_PYTHON:-}"
+if [ -z "$peer_python" ]; then
+  peer_python=python3
+  [ -x "$HOME/.cache/asr-torch-venv/bin/python" ] && peer_python="$HOME/.cache/asr-torch-venv/bin/python"
+fi
 # Backtraces for panics (a bug to fix), not for errors (messages that already say what is wrong).
 export RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
 
@@ -266,7 +273,7 @@ export dev train_dev sizes bin corpus reference train_steps work logs dry kit re
 run_step env 60 step_env
 run_step a 600 "$bin/asrt-bench" tdt-check --device "$dev" --sizes "$sizes" --repeats 3 --dump "$work/peer" \
   --json-out "$work/a.json"
-run_step b 600 python3 bench/tdt_peer.py "$work/peer" --json-out "$work/b.json"
+run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b.json"
 run_step c 600 step_c
 run_step d 600 step_d
 run_step f 300 step_f

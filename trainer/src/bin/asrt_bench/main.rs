@@ -156,7 +156,8 @@ enum Bench {
         /// Logits types, comma-separated (a type the device lacks is reported unsupported).
         #[arg(long, value_delimiter = ',', default_value = "f32,f16,bf16")]
         dtypes: Vec<String>,
-        /// `parakeet` or `small` (seconds on a CPU, for dry runs).
+        /// `parakeet`, `small` (seconds on a CPU, for dry runs) or `peer` (only the case
+        /// `--dump` writes: batch 4, 300 frames, 80 tokens, 1024 tokens + blank).
         #[arg(long, default_value = "parakeet")]
         sizes: String,
         #[arg(long, default_value_t = 3)]
