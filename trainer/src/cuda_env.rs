@@ -230,13 +230,14 @@ pub fn nccl_lookup(candidates: &[String], loads: &dyn Fn(&str) -> bool) -> NcclL
     }
 }
 
+/// The files mapped into a process, from its `/proc/PID/maps` text (the sixth field).
+pub fn mapped_files(maps: &str) -> impl Iterator<Item = &Path> {
+    maps.lines().filter_map(|l| l.split_whitespace().nth(5)).map(Path::new)
+}
+
 /// The path of a loaded library named `file`, from `/proc/self/maps`' text.
 pub fn loaded_path(maps: &str, file: &str) -> Option<PathBuf> {
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .map(Path::new)
-        .find(|p| p.file_name().is_some_and(|n| n == file))
-        .map(Path::to_path_buf)
+    mapped_files(maps).find(|p| p.file_name().is_some_and(|n| n == file)).map(Path::to_path_buf)
 }
 
 /// `LD_LIBRARY_PATH` with `dir` first.
@@ -305,6 +306,11 @@ mod probe {
                     return Err(CudaEnvError::NcclAliasIgnored { dir: dir.into() });
                 }
                 let alias = |what: String| move |source| CudaEnvError::NcclAlias { what, source };
+                // Held while the maps are read: `loads` closed it again, which unmaps it.
+                // SAFETY: as in `loads`.
+                let _held = unsafe { libloading::Library::new(NCCL_SONAME) }.map_err(|e| {
+                    alias(format!("loading {NCCL_SONAME}"))(std::io::Error::other(e))
+                })?;
                 let maps = std::fs::read_to_string("/proc/self/maps")
                     .map_err(alias("reading /proc/self/maps".into()))?;
                 let target =

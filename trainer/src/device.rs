@@ -169,6 +169,31 @@ impl Devices {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Checks what these devices need from this machine and sets up `cache`, before
+    /// [`dispatch`] runs anything on them. `processes`: this process is one of several, whose
+    /// ranks sum gradients (as several devices of one process do). A CUDA run that needs NCCL
+    /// and finds only `libnccl.so.2` runs this program again (see `cuda_env`), with the
+    /// `libnccl.so` link in the cache's `nccl/` folder (a temporary folder when the cache is off).
+    // Builds without a GPU backend have nothing to prepare.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    pub fn prepare(&self, cache: &KernelCache, processes: bool) -> Result<(), SetupError> {
+        match self {
+            Devices::Cpu(_) => {}
+            #[cfg(feature = "wgpu")]
+            Devices::Wgpu(_) => cache.install()?,
+            #[cfg(feature = "cuda")]
+            Devices::Cuda(ordinals) => {
+                let link_dir = match cache.dir() {
+                    Some(d) => d.join("nccl"),
+                    None => std::env::temp_dir().join("asrt-nccl"),
+                };
+                crate::cuda_env::prepare(ordinals, ordinals.len() > 1 || processes, &link_dir)?;
+                cache.install()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl From<Device> for Devices {
@@ -237,32 +262,9 @@ impl DeviceArgs {
         KernelCache::resolve(self.kernel_cache.as_deref(), &|k| std::env::var(k).ok())
     }
 
-    /// Checks what `devices` need from this machine and sets up the kernel cache, before
-    /// [`dispatch`] runs anything on them. `processes`: this process is one of several, whose
-    /// ranks sum gradients (as several devices of one process do). A CUDA run that needs NCCL
-    /// and finds only `libnccl.so.2` runs this program again (see `cuda_env`).
+    /// [`Devices::prepare`] with the kernel cache the flag and the environment name.
     pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
-        let cache = self.kernel_cache();
-        match devices {
-            Devices::Cpu(_) => {
-                let _ = processes;
-            }
-            #[cfg(feature = "wgpu")]
-            Devices::Wgpu(_) => {
-                cache.install()?;
-            }
-            #[cfg(feature = "cuda")]
-            Devices::Cuda(ordinals) => {
-                let nccl = ordinals.len() > 1 || processes;
-                let link_dir = match cache.dir() {
-                    Some(d) => d.join("nccl"),
-                    None => std::env::temp_dir().join("asrt-nccl"),
-                };
-                crate::cuda_env::prepare(ordinals, nccl, &link_dir)?;
-                cache.install()?;
-            }
-        }
-        Ok(())
+        devices.prepare(&self.kernel_cache(), processes)
     }
 
     /// The one device of a command that runs on one.

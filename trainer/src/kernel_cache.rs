@@ -68,24 +68,13 @@ pub enum KernelCacheError {
     },
 }
 
-/// What [`KernelCache::install`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Installed {
-    /// CubeCL will keep its PTX and autotune results here.
-    Dir(PathBuf),
-    /// The cache is off.
-    Off,
-    /// CubeCL's configuration was already fixed in this process (an earlier run, or a test
-    /// that ran kernels before): it stays as it is.
-    AlreadySet,
-}
-
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl KernelCache {
     /// Makes the directory and sets CubeCL's process-wide configuration to use it, over
     /// `cubecl.toml` (if any) and CubeCL's environment variables. CubeCL reads its configuration
-    /// once, at the first kernel; after that it cannot change, and this says so.
-    pub fn install(&self) -> Result<Installed, KernelCacheError> {
+    /// once, at the first kernel; when that has happened in this process already (an earlier
+    /// run, or a test that ran kernels), the configuration stays as it is.
+    pub fn install(&self) -> Result<(), KernelCacheError> {
         use burn_cubecl::cubecl::config::cache::CacheConfig;
         use burn_cubecl::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
         if let KernelCache::Dir(dir) = self {
@@ -99,10 +88,10 @@ impl KernelCache {
         // the only race is with a kernel launched by another thread at this moment, and the
         // commands call this before any device exists.
         if CubeClRuntimeConfig::storage().lock().is_some() {
-            return Ok(Installed::AlreadySet);
+            return Ok(());
         }
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
-        let installed = match self {
+        match self {
             KernelCache::Dir(dir) => {
                 if config.compilation.cache.is_none() {
                     config.compilation.cache = Some(CacheConfig::File(dir.join("ptx")));
@@ -111,15 +100,11 @@ impl KernelCache {
                 if matches!(config.autotune.cache, CacheConfig::Target) {
                     config.autotune.cache = CacheConfig::File(dir.join("autotune"));
                 }
-                Installed::Dir(dir.clone())
             }
-            KernelCache::Off => {
-                config.compilation.cache = None;
-                Installed::Off
-            }
-        };
+            KernelCache::Off => config.compilation.cache = None,
+        }
         CubeClRuntimeConfig::set(config);
-        Ok(installed)
+        Ok(())
     }
 }
 

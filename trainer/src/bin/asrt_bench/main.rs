@@ -23,6 +23,7 @@ use std::time::Instant;
 use anyhow::Context;
 use asr_corpus::Corpus;
 use asr_trainer::lognormal_zipf;
+use asr_trainer::Devices;
 use asr_trainer::ShapePolicy;
 use asr_trainer::{assemble, AudioFormat};
 use asr_trainer::{Durations, EpochPlan, SamplerConfig, SamplerMode, IDLE};
@@ -317,8 +318,11 @@ fn main() -> anyhow::Result<()> {
         }
         Bench::TdtCheck { device, dtypes, sizes, repeats, dump, json_out } => {
             let dump = dump.as_deref();
-            let v = match device.as_str() {
-                "cpu" => tdt_check::run::<burn::backend::Flex>(
+            // Parsed and prepared as `asrt train --device` does; `cpu` here is burn-flex.
+            let devices: Devices = device.parse()?;
+            devices.prepare(&kernel_cache(), false)?;
+            let v = match devices {
+                Devices::Cpu(_) => tdt_check::run::<burn::backend::Flex>(
                     &Default::default(),
                     "cpu (burn-flex)",
                     &dtypes,
@@ -327,7 +331,7 @@ fn main() -> anyhow::Result<()> {
                     dump,
                 )?,
                 #[cfg(feature = "wgpu")]
-                "wgpu" => tdt_check::run::<burn::backend::Wgpu>(
+                Devices::Wgpu(_) => tdt_check::run::<burn::backend::Wgpu>(
                     &Default::default(),
                     "wgpu",
                     &dtypes,
@@ -336,21 +340,14 @@ fn main() -> anyhow::Result<()> {
                     dump,
                 )?,
                 #[cfg(feature = "cuda")]
-                cuda if cuda.starts_with("cuda:") => {
-                    let n: usize = cuda[5..].parse().context("cuda:N: N is an ordinal")?;
-                    prepare_cuda(n)?;
-                    tdt_check::run::<burn::backend::Cuda>(
-                        &burn::backend::cuda::CudaDevice::new(n),
-                        cuda,
-                        &dtypes,
-                        &sizes,
-                        repeats,
-                        dump,
-                    )?
-                }
-                other => {
-                    anyhow::bail!("--device {other}: expected cpu, wgpu or cuda:N (this build's)")
-                }
+                Devices::Cuda(ordinals) => tdt_check::run::<burn::backend::Cuda>(
+                    &burn::backend::cuda::CudaDevice::new(ordinals[0]),
+                    &device,
+                    &dtypes,
+                    &sizes,
+                    repeats,
+                    dump,
+                )?,
             };
             if let Some(p) = json_out {
                 std::fs::write(&p, serde_json::to_string_pretty(&v)?)
@@ -402,6 +399,11 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The kernel cache `asrt` would use (`ASRT_KERNEL_CACHE`, the XDG cache).
+fn kernel_cache() -> asr_trainer::KernelCache {
+    asr_trainer::KernelCache::resolve(None, &|k| std::env::var(k).ok())
+}
+
 #[cfg(not(feature = "cuda"))]
 fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
     anyhow::bail!("nccl-check --device {device}: this asrt-bench was built without cuda")
@@ -414,12 +416,13 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
     use burn::backend::cuda::CudaDevice;
     use burn::backend::Cuda;
     use burn::tensor::{Tensor, TensorData};
-    let n: usize = device
-        .strip_prefix("cuda:")
-        .and_then(|n| n.parse().ok())
-        .with_context(|| format!("--device {device}: expected cuda:N"))?;
-    let link_dir = std::env::temp_dir().join("asrt-nccl");
-    asr_trainer::cuda_env::prepare(&[n], true, &link_dir)?;
+    let devices: Devices = device.parse()?;
+    let Devices::Cuda(ordinals) = &devices else {
+        anyhow::bail!("--device {device}: expected cuda:N");
+    };
+    let n = ordinals[0];
+    // As one of several processes: NCCL is made loadable.
+    devices.prepare(&kernel_cache(), true)?;
     let values: Vec<f32> = (1..=1000).map(|i| i as f32).collect();
     let dev = CudaDevice::new(n);
     let s = Instant::now();
@@ -438,18 +441,6 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
         "in_process_all_reduce_ok": got == values, "in_process_seconds": in_process_s,
         "communicator_ok": host == values, "communicator_seconds": communicator_s,
     }))
-}
-
-/// What `asrt train --device cuda:N` checks and sets up before the first CUDA call (the driver,
-/// the ordinal, NVRTC, the toolkit's headers, the kernel cache).
-#[cfg(feature = "cuda")]
-fn prepare_cuda(ordinal: usize) -> anyhow::Result<()> {
-    use asr_trainer::KernelCache;
-    let cache = KernelCache::resolve(None, &|k| std::env::var(k).ok());
-    let link_dir = std::env::temp_dir().join("asrt-nccl");
-    asr_trainer::cuda_env::prepare(&[ordinal], false, &link_dir)?;
-    cache.install()?;
-    Ok(())
 }
 
 /// Resets this process's peak resident memory to the current one (Linux `clear_refs` 5).

@@ -126,15 +126,23 @@ pub fn run<B: TdtBackend>(
     for (i, shape) in shapes(sizes)?.iter().enumerate() {
         let c = case(shape, 1000 + i as u64);
         for &dtype in &dtypes {
-            results.push(check::<B>(device, shape, &c, dtype, repeats)?);
+            if !B::supports_dtype(device, dtype) {
+                results.push(
+                    json!({"case": shape.name, "dtype": dtype_name(dtype), "supported": false}),
+                );
+                continue;
+            }
+            let want = reference(&c, &rounded(&c.logits, c.dims, dtype)?)?;
+            results.push(check::<B>(device, shape, &c, dtype, &want, repeats)?);
         }
     }
-    // The case PyTorch's loss is timed on too (bench/tdt_peer.py reads the dump).
+    // The case PyTorch's loss is timed on too (bench/tdt_peer.py reads the dump), f32 only.
     let peer = peer_shape(sizes);
     let c = case(&peer, PEER_SEED);
-    results.push(check::<B>(device, &peer, &c, DType::F32, repeats)?);
+    let want = reference(&c, &c.logits)?;
+    results.push(check::<B>(device, &peer, &c, DType::F32, &want, repeats)?);
     if let Some(dir) = dump {
-        write_peer_case(dir, &c)?;
+        write_peer_case(dir, &c, &want)?;
     }
     Ok(json!({
         "bench": "tdt-check", "device": device_name, "cases": results,
@@ -142,27 +150,32 @@ pub fn run<B: TdtBackend>(
     }))
 }
 
+fn dtype_name(dtype: DType) -> String {
+    format!("{dtype:?}").to_lowercase()
+}
+
+/// `logits` as `dtype` stores them, read back as f32 (what the device's loss reads).
+fn rounded(logits: &[f32], dims: [usize; 4], dtype: DType) -> anyhow::Result<Vec<f32>> {
+    if dtype == DType::F32 {
+        return Ok(logits.to_vec());
+    }
+    TensorData::new(logits.to_vec(), dims)
+        .convert_dtype(dtype)
+        .convert::<f32>()
+        .to_vec()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))
+}
+
+/// The loss on the device with logits stored as `dtype`, against `want` (the float64 path's
+/// costs and gradients on the same rounded logits), and timed.
 fn check<B: TdtBackend>(
     device: &B::Device,
     shape: &Shape,
     c: &Case,
     dtype: DType,
+    (want_c, want_g): &(Vec<f64>, Vec<f32>),
     repeats: usize,
 ) -> anyhow::Result<Value> {
-    let name = format!("{dtype:?}").to_lowercase();
-    if !B::supports_dtype(device, dtype) {
-        return Ok(json!({"case": shape.name, "dtype": name, "supported": false}));
-    }
-    let logits: Vec<f32> = if dtype == DType::F32 {
-        c.logits.clone()
-    } else {
-        TensorData::new(c.logits.clone(), c.dims)
-            .convert_dtype(dtype)
-            .convert::<f32>()
-            .to_vec()
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?
-    };
-    let (want_c, want_g) = reference(c, &logits)?;
     let x = Tensor::<B, 4>::from_data(
         TensorData::new(c.logits.clone(), c.dims).convert_dtype(dtype),
         (device, dtype),
@@ -198,15 +211,15 @@ fn check<B: TdtBackend>(
     let finite = |x: f64| if x.is_finite() { x } else { f64::NAN };
     let cost_rel = got_c
         .iter()
-        .zip(&want_c)
+        .zip(want_c)
         .map(|(g, w)| if g == w { 0.0 } else { (g - w).abs() / w.abs() })
         .fold(0.0, f64::max);
     let grad_abs =
-        got_g.iter().zip(&want_g).map(|(g, w)| f64::from((g - w).abs())).fold(0.0, f64::max);
+        got_g.iter().zip(want_g).map(|(g, w)| f64::from((g - w).abs())).fold(0.0, f64::max);
     let grad_scale = want_g.iter().map(|w| f64::from(w.abs())).fold(0.0, f64::max);
     let (l, sm) = (median(loss_s.clone()), median(softmax_s.clone()));
     Ok(json!({
-        "case": shape.name, "dtype": name, "supported": true, "dims": c.dims,
+        "case": shape.name, "dtype": dtype_name(dtype), "supported": true, "dims": c.dims,
         "costs": want_c.iter().map(|&x| finite(x)).collect::<Vec<_>>(),
         "max_relative_cost_error": finite(cost_rel),
         "max_abs_gradient_error": finite(grad_abs),
@@ -235,9 +248,12 @@ fn write_npy(path: &Path, descr: &str, shape: &[usize], bytes: &[u8]) -> anyhow:
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
-fn write_peer_case(dir: &Path, c: &Case) -> anyhow::Result<()> {
+fn write_peer_case(
+    dir: &Path,
+    c: &Case,
+    (costs, grads): &(Vec<f64>, Vec<f32>),
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (costs, grads) = reference(c, &c.logits)?;
     let p = &c.problem;
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let i64s = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -249,7 +265,7 @@ fn write_peer_case(dir: &Path, c: &Case) -> anyhow::Result<()> {
     write_npy(&dir.join("target_lens.npy"), "<i8", &[c.dims[0]], &i64s(&lens(&p.target_lens)))?;
     let cost_bytes: Vec<u8> = costs.iter().flat_map(|x| x.to_le_bytes()).collect();
     write_npy(&dir.join("costs.npy"), "<f8", &[c.dims[0]], &cost_bytes)?;
-    write_npy(&dir.join("grads.npy"), "<f4", &c.dims, &f32s(&grads))?;
+    write_npy(&dir.join("grads.npy"), "<f4", &c.dims, &f32s(grads))?;
     let meta = json!({
         "durations": p.options.durations, "sigma": p.options.sigma, "blank": c.dims[3] - p.options.durations.len() - 1,
         "note": "costs and grads: asrt's float64 CPU path, per utterance, no reduction",
@@ -262,11 +278,9 @@ fn write_peer_case(dir: &Path, c: &Case) -> anyhow::Result<()> {
 /// files the dynamic loader actually picked.
 fn loaded_libraries() -> Vec<String> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut libs: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
+    let mut libs: Vec<String> = asr_trainer::cuda_env::mapped_files(&maps)
+        .map(|p| p.display().to_string())
         .filter(|p| ["libcuda", "libnvrtc", "libnccl", "libvulkan"].iter().any(|n| p.contains(n)))
-        .map(str::to_owned)
         .collect();
     libs.sort();
     libs.dedup();
