@@ -3,7 +3,7 @@
 # machine, which has no Rust and no network, in one git-ignored folder under the device tool's
 # 64 MiB per call:
 #
-#   gpu-kit/bin/{asrt,asrt-bench,make-synthetic-corpus}.xz   --features cuda, release, stripped
+#   gpu-kit/bin/{asrt,asrt-bench,make-synthetic-corpus}.xz   --features cuda, release, symbols only
 #   gpu-kit/data/espeak.asrcorpus                            the example corpus
 #   gpu-kit/reference/metrics.jsonl, eval.txt                the quickstart's CPU run of `tiny`
 #
@@ -67,11 +67,14 @@ cp "$kit/quickstart/run/metrics.jsonl" "$kit/quickstart/eval.txt" "$kit/referenc
 rm -rf "$kit/quickstart" "$kit/quickstart.log"
 
 step "strip and compress"
+# Debug information out, symbols kept: a panic on the GPU machine then shows where it happened
+# (the first out-of-memory panic there could not be placed with fully stripped binaries).
 for b in asrt asrt-bench make-synthetic-corpus; do
-  strip -o "$kit/bin/$b" "$rel/$b"
+  strip --strip-debug -o "$kit/bin/$b" "$rel/$b"
   xz -T0 -9 -f "$kit/bin/$b"
 done
-git rev-parse HEAD > "$kit/commit"
+# The commit, marked when the working tree differs from it (what the binaries were built from).
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!gpu-kit' || echo '+changes')" > "$kit/commit"
 du -b "$kit"/bin/* "$kit"/data/* "$kit"/reference/*
 size=$(du -sm "$kit" | cut -f1)
 if [ "$size" -gt "$limit_mib" ]; then

@@ -7,7 +7,8 @@
 #                                           using the test-profile binaries (CI runs this)
 #
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
-# (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500).
+# (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
+# --cap SECONDS (no step runs longer; for calls shorter than the whole kit).
 #
 # Steps, each under a timeout, with its own log and a one-line verdict:
 #   env  the machine's facts: nvidia-smi, driver, nvcc, NVRTC and NCCL found, python's torch
@@ -18,6 +19,9 @@
 #        then eval; again with the kernel cache warm
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
+#   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
+#        bf16 autocast, with its TDT loss and with a log-softmax in its place (bench/peer_step.py);
+#        d over e is the headline figure (ASRT_PEER_RUNS picks the runs)
 #   f    out of memory: a huge max_batch_seconds must stop cleanly naming the batch, then a run
 #        at the suggested value
 #   g    refusals: a device listed twice, an ordinal the machine lacks; NCCL at world size 1, the
@@ -33,6 +37,7 @@ out="${OUT:-}"
 dry=0
 only=""
 budget=1500
+cap=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
@@ -40,7 +45,8 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift ;;
     --only) only="$2"; shift ;;
     --budget) budget="$2"; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --cap) cap="$2"; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -56,6 +62,22 @@ records="$work/records.tsv"
 started=$(date +%s)
 
 say() { printf '%s\n' "$*" | tee -a "$logs/run.log"; }
+
+# The Python that has torch and transformers: $ASRT_PEER_PYTHON, else the first of python3, the
+# active venv's, this machine's cached venv of the optional PyTorch tests (README, Development) and
+# the usual venv places that imports both.
+peer_python="${ASRT_PEER_PYTHON:-}"
+if [ -z "$peer_python" ]; then
+  peer_python=python3
+  for p in python3 ${VIRTUAL_ENV:+"$VIRTUAL_ENV/bin/python"} "$HOME/.cache/asr-torch-venv/bin/python" \
+      /opt/venv/bin/python /venv/bin/python "$HOME/.venv/bin/python" "$HOME/venv/bin/python" \
+      /opt/*/bin/python /workspace/*/bin/python /root/*/bin/python \
+      $(find / -maxdepth 5 -path /proc -prune -o -path '*/bin/python3' -print 2>/dev/null | head -n 20); do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import torch, transformers' >/dev/null 2>&1; then
+      peer_python="$p"; break
+    fi
+  done
+fi
 
 # --- environment ---------------------------------------------------------------------------
 if [ "$dry" = 1 ]; then
@@ -99,7 +121,7 @@ else
   fi
   libpath="${CUDA_PATH:+$CUDA_PATH/lib64}"
   # NCCL and NVRTC from the Python environment's NVIDIA wheels, after the toolkit's.
-  py_nvidia="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]) + "/nvidia")' 2>/dev/null || true)"
+  py_nvidia="$("$peer_python" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]) + "/nvidia")' 2>/dev/null || true)"
   if [ -n "$py_nvidia" ] && [ -d "$py_nvidia" ]; then
     for d in "$py_nvidia"/nccl/lib "$py_nvidia"/cu13/lib "$py_nvidia"/cuda_nvrtc/lib; do
       [ -d "$d" ] && libpath="$libpath:$d"
@@ -108,13 +130,6 @@ else
   export LD_LIBRARY_PATH="${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export ASRT_KERNEL_CACHE="$work/kernel-cache"
-# The Python that has torch and transformers: $ASRT_PEER_PYTHON, else the cached venv of this
-# machine's optional PyTorch tests (README, Development), else python3.
-peer_python="${ASRT_PEER_PYTHON:-}"
-if [ -z "$peer_python" ]; then
-  peer_python=python3
-  [ -x "$HOME/.cache/asr-torch-venv/bin/python" ] && peer_python="$HOME/.cache/asr-torch-venv/bin/python"
-fi
 # Backtraces for panics (a bug to fix), not for errors (messages that already say what is wrong).
 export RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
 
@@ -131,6 +146,7 @@ run_step() {
   local left=$(( budget - ($(date +%s) - started) ))
   if [ "$left" -lt 30 ]; then record "$name" skipped 0 "out of time (--budget $budget)"; return 0; fi
   [ "$limit" -gt "$left" ] && limit=$left
+  [ "$cap" -gt 0 ] && [ "$limit" -gt "$cap" ] && limit=$cap
   say "== step $name (timeout ${limit} s): $*"
   local t0; t0=$(date +%s.%N)
   if declare -F "$1" > /dev/null; then
@@ -166,8 +182,9 @@ step_env() {
     python3 -c 'import ctypes,sys; ctypes.CDLL(sys.argv[1]); print("loads:", sys.argv[1])' "$lib" 2>/dev/null \
       || echo "does not load: $lib"
   done
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1 || true
-  python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 || true
+  echo "peer python: $peer_python"
+  "$peer_python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1 || true
+  "$peer_python" -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 || true
   nproc
 }
 check_env() {
@@ -182,11 +199,11 @@ check_b() { py tdt-peer "$1" "$logs/b.log" "$work/b.json" "$work/a.json"; }
 step_c() {
   local cfg=examples/espeak/train.toml
   "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/c-run" --device "$train_dev" \
-    --max-steps "$train_steps" --quiet || return $?
+    --max-steps "$train_steps" || return $?
   "$bin/asrt" eval "$corpus" --checkpoint "$work/c-run" --device "$train_dev" --json > "$work/c-eval.json" || return $?
   # Again, with the kernel cache warm.
   "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/c-run2" --device "$train_dev" \
-    --max-steps 3 --quiet || return $?
+    --max-steps 3 || return $?
   ls -R "$ASRT_KERNEL_CACHE" 2>/dev/null | head -n 20
 }
 check_c() { py train-tiny "$1" "$logs/c.log" "$work" "${reference:-none}"; }
@@ -216,12 +233,24 @@ step_d() {
   [ "$dry" = 1 ] || "$bin/asrt-bench" model-shape --preset parakeet-tdt-0.6b --seconds 1 --repeats 1 \
     > "$work/d-shape.json" || true
   "$bin/asrt" train "$work/long.asrcorpus" --config "$cfg" --out "$work/d-run" --device "$train_dev" \
-    --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" --quiet
+    --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
   local rc=$?
   [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
   return $rc
 }
 check_d() { py train-big "$1" "$logs/d.log" "$work"; }
+
+step_e() {
+  if [ "$dry" = 1 ]; then
+    "$peer_python" bench/peer_step.py --small --device cpu --precisions f32 --steps 2 --batch-seconds 30 \
+      --json-out "$work/e.json"
+  else
+    # ASRT_PEER_RUNS: the runs (default: bench/peer_step.py's, with and without its TDT loss).
+    "$peer_python" bench/peer_step.py --steps 6 --batch-seconds 120 --json-out "$work/e.json" \
+      ${ASRT_PEER_RUNS:+--precisions "$ASRT_PEER_RUNS"}
+  fi
+}
+check_e() { py peer-step "$1" "$logs/e.log" "$work"; }
 
 step_f() {
   local cfg="$work/oom.toml"
@@ -267,8 +296,8 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f step_env step_c step_d step_f step_g long_corpus
-export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo
+export -f step_env step_c step_d step_e step_f step_g long_corpus
+export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
 run_step a 600 "$bin/asrt-bench" tdt-check --device "$dev" --sizes "$sizes" --repeats 3 --dump "$work/peer" \
@@ -276,6 +305,7 @@ run_step a 600 "$bin/asrt-bench" tdt-check --device "$dev" --sizes "$sizes" --re
 run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b.json"
 run_step c 600 step_c
 run_step d 600 step_d
+run_step e 400 step_e
 run_step f 300 step_f
 run_step g 60 step_g
 
