@@ -198,8 +198,11 @@ check_b() { py tdt-peer "$1" "$logs/b.log" "$work/b.json" "$work/a.json"; }
 
 step_c() {
   local cfg=examples/espeak/train.toml
+  # From the reference's starting weights when the kit has them (see bundle.sh).
+  local init=()
+  [ -n "$reference" ] && [ -d "$(dirname "$reference")/init" ] && init=(--init "$(dirname "$reference")/init")
   "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/c-run" --device "$train_dev" \
-    --max-steps "$train_steps" || return $?
+    --max-steps "$train_steps" "${init[@]}" || return $?
   "$bin/asrt" eval "$corpus" --checkpoint "$work/c-run" --device "$train_dev" --json > "$work/c-eval.json" || return $?
   # Again, with the kernel cache warm.
   "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/c-run2" --device "$train_dev" \

@@ -98,6 +98,12 @@ impl<B: Backend> Joint<B> {
         }
     }
 
+    /// The joint's widest per-node dimension: its hidden width or its outputs.
+    pub fn widest(&self) -> usize {
+        let [hidden, outputs] = self.out.weight.dims();
+        hidden.max(outputs)
+    }
+
     /// Projects encoder outputs `[.., d_enc]`.
     pub fn project_encoder<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.enc.forward(x)

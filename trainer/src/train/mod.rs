@@ -21,6 +21,7 @@
 pub mod collective;
 pub mod fused;
 pub mod grads;
+pub mod kernel_limit;
 pub mod metrics;
 pub mod out_of_memory;
 pub mod parallel;
@@ -249,6 +250,9 @@ pub enum TrainError {
     /// The device had no memory for a micro-batch.
     #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
+    /// A micro-batch, or one of its utterances, that no kernel can launch over.
+    #[error(transparent)]
+    KernelLimit(#[from] kernel_limit::KernelLimitError),
     /// The device reported a failure while running a micro-batch.
     #[error("{during}: {failure}")]
     Device {
@@ -410,32 +414,55 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         })
     }
 
-    /// The loss of one padded batch (a scalar tensor; differentiable).
-    pub fn batch_loss(
+    /// The loss of an encoded batch, its joint run whole.
+    fn whole_loss(
         &mut self,
+        e: Encoded<B>,
         batch: &PaddedBatch,
-        train: bool,
     ) -> Result<Tensor<B, 1>, TrainError> {
-        let e = self.encode_batch(batch, train)?;
         let logits = self.model.joint.combine(e.enc.unsqueeze_dim(2), e.pred.unsqueeze_dim(1));
         let out = self.loss.forward(logits, &batch.tokens, &e.enc_lens, &e.token_lens)?;
         Ok(out.loss)
     }
 
+    /// Utterances per joint call for `e` ([`kernel_limit::utterances_per_call`]), `configured`
+    /// lowered to what a kernel can launch over.
+    fn joint_part(&self, e: &Encoded<B>, configured: usize) -> Result<usize, TrainError> {
+        let [b, frames, _] = e.enc.dims();
+        let [_, positions, _] = e.pred.dims();
+        Ok(kernel_limit::utterances_per_call(
+            frames,
+            positions,
+            self.model.joint.widest(),
+            configured,
+            b,
+        )?)
+    }
+
     /// The loss of one micro-batch and its gradients (the loss divided by `divisor` before
     /// backward), or `None` when the loss is not finite (nothing is then computed backward).
-    /// With `train.fused_batch_size` below the batch size the joint runs in parts
-    /// ([`Trainer::fused_gradients`]).
+    /// With `train.fused_batch_size` below the batch size, or a joint too large for one kernel
+    /// ([`kernel_limit`]), the joint runs in parts ([`Trainer::fused_gradients`]).
     fn micro_batch_gradients(
         &mut self,
         batch: &PaddedBatch,
         divisor: f64,
     ) -> Result<Option<(f64, GradientsParams)>, TrainError> {
-        let part = self.cfg.train.fused_batch_size;
-        if part > 0 && part < batch.size() {
-            return self.fused_gradients(batch, part, divisor);
+        // Padded feature frames as the front end makes them (`max_samples / hop + 1`).
+        let m = &self.cfg.model;
+        kernel_limit::check_subsampling(
+            batch.size(),
+            batch.seconds,
+            batch.max_samples / m.preprocessor.window_stride.max(1) + 1,
+            m.preprocessor.features,
+            m.encoder.subsampling_conv_channels,
+        )?;
+        let e = self.encode_batch(batch, true)?;
+        let part = self.joint_part(&e, self.cfg.train.fused_batch_size)?;
+        if part < batch.size() {
+            return self.fused_gradients(e, batch, part, divisor);
         }
-        let loss = self.batch_loss(batch, true)?;
+        let loss = self.whole_loss(e, batch)?;
         let value: f32 = loss.clone().into_scalar().elem();
         if !value.is_finite() {
             return Ok(None);
@@ -468,11 +495,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// loss branch for the whole micro-batch.
     fn fused_gradients(
         &mut self,
+        e: Encoded<B>,
         batch: &PaddedBatch,
         part: usize,
         divisor: f64,
     ) -> Result<Option<(f64, GradientsParams)>, TrainError> {
-        let e = self.encode_batch(batch, true)?;
         let rnnt = self.loss.next_branch();
         let inputs = fused::JointInputs {
             enc: e.enc,
