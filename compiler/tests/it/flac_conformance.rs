@@ -12,7 +12,8 @@ use asr_compiler::{decode_pcm, md5_of, Decoder, Reject};
 use asr_corpus::synth::SplitMix64;
 
 fn bench_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/flac-conformance")
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("tests/data/flac-conformance")
 }
 
 /// The committed bench files, or with `FLAC_BENCH_DIR` set, every `.flac` file under that

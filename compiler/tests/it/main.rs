@@ -26,7 +26,10 @@ pub fn asrc(args: &[&str]) -> Output {
 
 /// The bundled example's directory (`examples/espeak`).
 pub fn example_dir() -> PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/espeak")
+    std::path::Path::new(
+        &std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("../examples/espeak")
 }
 
 /// A file of the bundled example, as a command-line argument.

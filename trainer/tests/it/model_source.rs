@@ -11,7 +11,8 @@ use asr_trainer::{
 };
 
 fn nemo_fixture() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nemo/tiny-tdt.nemo")
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("tests/data/nemo/tiny-tdt.nemo")
 }
 
 /// A 2-step run on a corpus tokenized by `model` (48 pieces).

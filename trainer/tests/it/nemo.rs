@@ -16,7 +16,8 @@ use safetensors::{Dtype, SafeTensors};
 type B = NdArray;
 
 fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nemo")
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("tests/data/nemo")
 }
 
 fn fixture() -> PathBuf {

@@ -81,7 +81,10 @@ fn asrt_trains_and_evaluates_on_wgpu() {
     let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let spm = std::fs::read(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/espeak/spm.model"),
+        std::path::Path::new(
+            &std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+        )
+        .join("../examples/espeak/spm.model"),
     )
     .unwrap();
     let spec = asr_corpus::synth::SynthSpec {
