@@ -49,14 +49,34 @@ pub fn draw_seeded<B: Backend, T>(device: &B::Device, seed: u64, draw: impl FnOn
 
 impl<B: Backend> TdtModel<B> {
     /// A freshly initialised model for `vocab` tokens (blank is `vocab`), its weights drawn
-    /// from `seed`. Burn's initialisers draw from the backend's generator, which is global to
-    /// the process: every model is built under one lock, right after seeding, so two models
-    /// built at once (tests, several devices) cannot take each other's draws.
+    /// from `seed` on the host ([`InitBackend`]) and copied to `device`: one seed is one model on
+    /// every backend. Burn's initialisers draw from the backend's generator, which is global to
+    /// the process: the draws happen under one lock, right after seeding, so two models built at
+    /// once (tests, several devices) cannot take each other's draws.
     pub fn new(cfg: &ModelConfig, vocab: usize, seed: u64, device: &B::Device) -> Self {
-        let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        B::seed(device, seed);
+        let values = {
+            let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let host = Default::default();
+            InitBackend::seed(&host, seed);
+            // Burn initialises parameters lazily, on first use: visiting draws them, in the
+            // module's order, under the lock.
+            let mut drawn = Drawn(Vec::new());
+            TdtModel::<InitBackend>::unset(cfg, vocab, &host).visit(&mut drawn);
+            drawn.0
+        };
+        let expected = values.len();
+        let mut place = Place { values: values.into_iter(), device: device.clone(), placed: 0 };
+        let model = Self::unset(cfg, vocab, device).map(&mut place);
+        // Both are built by `unset` from the same configuration: the same parameters, in the
+        // same order.
+        debug_assert_eq!(place.placed, expected);
+        model
+    }
+
+    /// The model's structure with its parameters not yet drawn (Burn's lazy initialisation).
+    fn unset(cfg: &ModelConfig, vocab: usize, device: &B::Device) -> Self {
         let outputs = vocab + 1 + cfg.durations.len();
-        let model = TdtModel {
+        TdtModel {
             encoder: Encoder::new(&cfg.encoder, cfg.preprocessor.features, device),
             prediction: Prediction::new(&cfg.decoder, vocab, device),
             joint: Joint::new(
@@ -66,10 +86,7 @@ impl<B: Backend> TdtModel<B> {
                 outputs,
                 device,
             ),
-        };
-        // Burn initialises parameters lazily, on first use; draw them now, under the lock.
-        model.visit(&mut Materialize);
-        model
+        }
     }
 
     /// Encodes features `[B, T, F]` with `frame_lens` valid frames: `[B, T', d]` and valid
@@ -99,11 +116,40 @@ impl<B: Backend> TdtModel<B> {
     }
 }
 
-/// Touches every parameter so that lazily initialised ones are drawn.
-struct Materialize;
+/// The backend initial weights are drawn on, whatever the model trains on. Each backend has its
+/// own generator, so the same seed gave another model on CUDA than on the CPU (the GPU kit's
+/// first run, bench/RESULTS.md); drawn here and copied, it gives one. NdArray is the CPU training
+/// backend, so CPU runs draw what they drew before.
+pub type InitBackend = burn::backend::NdArray;
 
-impl<B: Backend> burn::module::ModuleVisitor<B> for Materialize {
-    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
-        let _ = param.val();
+/// Draws every (lazily initialised) float parameter and keeps its values, in the module's order.
+struct Drawn(Vec<TensorData>);
+
+impl burn::module::ModuleVisitor<InitBackend> for Drawn {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<InitBackend, D>>) {
+        self.0.push(param.val().into_data());
+    }
+}
+
+/// Gives each float parameter the next drawn values, on `device`, without drawing its own.
+struct Place<B: Backend> {
+    values: std::vec::IntoIter<TensorData>,
+    device: B::Device,
+    placed: usize,
+}
+
+impl<B: Backend> burn::module::ModuleMapper<B> for Place<B> {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<B, D>>,
+    ) -> burn::module::Param<Tensor<B, D>> {
+        match self.values.next() {
+            Some(data) => {
+                self.placed += 1;
+                let value = Tensor::from_data(data, &self.device).require_grad();
+                burn::module::Param::initialized(param.id, value)
+            }
+            None => param,
+        }
     }
 }

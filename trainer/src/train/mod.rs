@@ -11,10 +11,10 @@
 //! the host from (seed, micro-batch number) and made into masks on the device, dither is drawn
 //! on the device from the backend's generator seeded with (seed, micro-batch number) under a
 //! process-wide lock, the loss's `omega` comes from the same number, initial weights from the
-//! seed (`TdtModel::new`, under the same lock). Dropout uses the backend's
-//! generator, reseeded before each micro-batch; it is process-global, so ranks that are threads
-//! of one process interleave their dropout draws (the tiny preset has no dropout; such runs stay
-//! consistent across ranks but are not bit-reproducible). With the checkpointed model, optimizer
+//! seed, drawn on the host whatever the device (`TdtModel::new`, under the same lock). Dropout
+//! uses the backend's generator, reseeded before each micro-batch; it is process-global, so ranks
+//! that are threads of one process interleave their dropout draws (the tiny preset has no
+//! dropout; such runs stay consistent across ranks but are not bit-reproducible). With the checkpointed model, optimizer
 //! state, counters and sampler position, a resumed run repeats the uninterrupted one bit for bit
 //! on the CPU backend.
 

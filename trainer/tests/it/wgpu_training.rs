@@ -18,6 +18,39 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 type Cpu = burn::backend::Autodiff<burn::backend::NdArray>;
 type Gpu = burn::backend::Autodiff<burn::backend::Wgpu>;
 
+/// Every float parameter's values, in the module's order.
+struct Values(Vec<Vec<f32>>);
+
+impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Values {
+    fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<burn::tensor::Tensor<B, D>>) {
+        self.0.push(p.val().into_data().convert::<f32>().into_vec::<f32>().unwrap());
+    }
+}
+
+fn initial_weights<B: burn::tensor::backend::Backend>(seed: u64) -> Vec<Vec<f32>> {
+    let mut cfg = asr_trainer::ModelConfig::tiny();
+    cfg.encoder.n_layers = 1;
+    let model = asr_trainer::TdtModel::<B>::new(&cfg, 40, seed, &Default::default());
+    let mut v = Values(Vec::new());
+    model.visit(&mut v);
+    v.0
+}
+
+/// One seed is one model on every backend: each backend draws from its own generator (the GPU
+/// kit's first CUDA run started from another model than its CPU reference), so the weights are
+/// drawn on the host and copied. Bit for bit, on wgpu against the CPU backend.
+#[test]
+fn one_seed_gives_the_same_initial_weights_on_every_backend() {
+    let _turn = crate::serial();
+    let cpu = initial_weights::<burn::backend::NdArray>(7);
+    let gpu = initial_weights::<burn::backend::Wgpu>(7);
+    assert!(cpu.len() > 20, "{} parameters", cpu.len());
+    assert_eq!(cpu, gpu);
+    // On the training backends too, and another seed is another model.
+    assert_eq!(initial_weights::<Cpu>(7), cpu);
+    assert_ne!(initial_weights::<burn::backend::NdArray>(8), cpu);
+}
+
 #[test]
 fn tiny_steps_on_wgpu_match_the_cpu_backend() {
     let _turn = crate::serial();
