@@ -54,7 +54,7 @@ impl<B: Backend> TdtModel<B> {
     /// the process: the draws happen under one lock, right after seeding, so two models built at
     /// once (tests, several devices) cannot take each other's draws.
     pub fn new(cfg: &ModelConfig, vocab: usize, seed: u64, device: &B::Device) -> Self {
-        let values = {
+        let (values, unset) = {
             let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let host = Default::default();
             InitBackend::seed(&host, seed);
@@ -62,11 +62,14 @@ impl<B: Backend> TdtModel<B> {
             // module's order, under the lock.
             let mut drawn = Drawn(Vec::new());
             TdtModel::<InitBackend>::unset(cfg, vocab, &host).visit(&mut drawn);
-            drawn.0
+            // The device's structure is built under the lock too: what a constructor draws
+            // eagerly comes from the backend's generator, which on the CPU is the host's, and
+            // another thread's model would take those draws from the middle of its own.
+            (drawn.0, Self::unset(cfg, vocab, device))
         };
         let expected = values.len();
         let mut place = Place { values: values.into_iter(), device: device.clone(), placed: 0 };
-        let model = Self::unset(cfg, vocab, device).map(&mut place);
+        let model = unset.map(&mut place);
         // Both are built by `unset` from the same configuration: the same parameters, in the
         // same order.
         debug_assert_eq!(place.placed, expected);
