@@ -120,6 +120,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=80)
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--small", action="store_true", help="a CPU-sized model of the same structure")
+    ap.add_argument("--preset", choices=["parakeet-tdt-0.6b", "tiny"], default="parakeet-tdt-0.6b",
+                    help="the asrt preset whose shape to build (tiny: 2 x 96, 4 heads, 64 mels)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
@@ -139,6 +142,9 @@ def main():
         sys.exit(3)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    mels = 80
     cuda = device.type == "cuda"
     blank = args.vocab
     if args.small:
@@ -146,6 +152,14 @@ def main():
                                     intermediate_size=128, subsampling_conv_channels=16,
                                     dropout=0.1, layerdrop=0.0, activation_dropout=0.1, attention_dropout=0.1)
         dec_hidden, dec_layers = 32, 1
+    elif args.preset == "tiny":
+        # asrt's `tiny` (trainer/src/model/config.rs): 2 x 96, 4 heads, ff 384, 32 subsampling
+        # channels, 64 mels, a 96-wide one-layer prediction network and joint, dropout 0.
+        mels = 64
+        enc = ParakeetEncoderConfig(hidden_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=384, subsampling_conv_channels=32, num_mel_bins=64,
+                                    dropout=0.0, layerdrop=0.0, activation_dropout=0.0, attention_dropout=0.0)
+        dec_hidden, dec_layers = 96, 1
     else:
         enc = ParakeetEncoderConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=8,
                                     intermediate_size=4096, subsampling_conv_channels=256,
@@ -155,7 +169,7 @@ def main():
                                decoder_hidden_size=dec_hidden, num_decoder_layers=dec_layers,
                                durations=[0, 1, 2, 3, 4], encoder_config=enc)
     rate = 16000
-    features = LogMel(torch, np, device, rate)
+    features = LogMel(torch, np, device, rate, mels=mels)
 
     rng = random.Random(args.seed)
     plan = batches(rng, args.steps, args.batch_seconds, args.min_seconds, args.max_seconds,
@@ -170,6 +184,7 @@ def main():
 
     results = {"bench": "peer-step", "torch": torch.__version__, "transformers": transformers.__version__,
                "device": torch.cuda.get_device_name(device) if cuda else "cpu", "small": args.small,
+               "preset": args.preset, "threads": torch.get_num_threads(),
                "runs": {}}
     for run_name in [p for p in args.precisions.split(",") if p]:
         precision, _, surrogate = run_name.partition("+")
