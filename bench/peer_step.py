@@ -2,7 +2,7 @@
 """The peer of an asrt training step: transformers' ParakeetForTDT, same shape, same batch size.
 
     python3 bench/peer_step.py [--device cuda] [--precisions f32,tf32,bf16] [--steps 6]
-                               [--batch-seconds 120] [--small] [--json-out FILE]
+                               [--batch-seconds 120] [--preset P] [--json-out FILE]
 
 Builds ParakeetForTDT (transformers 5.x) randomly initialised from a config matching asrt's
 `parakeet-tdt-0.6b` preset (24 x 1024 FastConformer, 8x subsampling, 2 x 640 LSTM prediction
@@ -28,8 +28,8 @@ Precisions: f32 (float32 matmuls at full precision, PyTorch's default), tf32 (fl
 tensor-core matmuls, as asrt's f32 on CUDA may use), bf16 (torch.autocast bfloat16, NeMo's
 "bf16-mixed"). For each: median step seconds after the first, audio seconds per second, peak
 device memory (torch.cuda.max_memory_allocated), the first step's seconds. Prints one JSON object.
---small shrinks the model to a CPU's size (the GPU kit's dry run). Exits 3 when torch or
-transformers' ParakeetForTDT is missing, saying so.
+--preset tiny builds asrt's `tiny` instead, --preset small the 0.6B structure at a CPU's width
+(the GPU kit's dry run). Exits 3 when torch or transformers' ParakeetForTDT is missing, saying so.
 """
 
 import argparse
@@ -119,9 +119,9 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=20.0)
     ap.add_argument("--max-tokens", type=int, default=80)
     ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--small", action="store_true", help="a CPU-sized model of the same structure")
-    ap.add_argument("--preset", choices=["parakeet-tdt-0.6b", "tiny"], default="parakeet-tdt-0.6b",
-                    help="the asrt preset whose shape to build (tiny: 2 x 96, 4 heads, 64 mels)")
+    ap.add_argument("--preset", choices=["parakeet-tdt-0.6b", "tiny", "small"], default="parakeet-tdt-0.6b",
+                    help="the asrt preset whose shape to build (tiny: 2 x 96, 4 heads, 64 mels; small: "
+                         "the 0.6B structure at a CPU's width)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out", default=None)
@@ -147,7 +147,7 @@ def main():
     mels = 80
     cuda = device.type == "cuda"
     blank = args.vocab
-    if args.small:
+    if args.preset == "small":
         enc = ParakeetEncoderConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                     intermediate_size=128, subsampling_conv_channels=16,
                                     dropout=0.1, layerdrop=0.0, activation_dropout=0.1, attention_dropout=0.1)
@@ -183,8 +183,8 @@ def main():
             torch.cuda.synchronize(device)
 
     results = {"bench": "peer-step", "torch": torch.__version__, "transformers": transformers.__version__,
-               "device": torch.cuda.get_device_name(device) if cuda else "cpu", "small": args.small,
-               "preset": args.preset, "threads": torch.get_num_threads(),
+               "device": torch.cuda.get_device_name(device) if cuda else "cpu", "preset": args.preset,
+               "threads": torch.get_num_threads(),
                "runs": {}}
     for run_name in [p for p in args.precisions.split(",") if p]:
         precision, _, surrogate = run_name.partition("+")

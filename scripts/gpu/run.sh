@@ -245,7 +245,7 @@ check_d() { py train-big "$1" "$logs/d.log" "$work"; }
 
 step_e() {
   if [ "$dry" = 1 ]; then
-    "$peer_python" bench/peer_step.py --small --device cpu --precisions f32 --steps 2 --batch-seconds 30 \
+    "$peer_python" bench/peer_step.py --preset small --device cpu --precisions f32 --steps 2 --batch-seconds 30 \
       --json-out "$work/e.json"
   else
     # ASRT_PEER_RUNS: the runs (default: bench/peer_step.py's, with and without its TDT loss).

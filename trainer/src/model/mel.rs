@@ -117,6 +117,11 @@ pub fn frames(cfg: &PreprocessorConfig, samples: usize) -> usize {
     samples / cfg.window_stride
 }
 
+/// Frames of a batch padded to `max_samples` samples: centred frames, one per hop plus one.
+pub fn padded_frames(cfg: &PreprocessorConfig, max_samples: usize) -> usize {
+    max_samples / cfg.window_stride + 1
+}
+
 impl<B: Backend> MelFrontend<B> {
     /// Builds the constant tensors on `device`.
     pub fn new(cfg: &PreprocessorConfig, device: &B::Device) -> MelFrontend<B> {
@@ -182,7 +187,7 @@ impl<B: Backend> MelFrontend<B> {
         // of hop samples each, the last one partly.
         let (n_fft, hop) = (self.cfg.n_fft, self.cfg.window_stride);
         let pad = n_fft / 2;
-        let n_frames = samples / hop + 1;
+        let n_frames = padded_frames(&self.cfg, samples);
         let (whole, rest) = (n_fft / hop, n_fft % hop);
         let blocks = n_frames + whole;
         let right = blocks * hop - samples - pad;

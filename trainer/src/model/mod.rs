@@ -67,12 +67,11 @@ impl<B: Backend> TdtModel<B> {
             // another thread's model would take those draws from the middle of its own.
             (drawn.0, Self::unset(cfg, vocab, device))
         };
-        let expected = values.len();
-        let mut place = Place { values: values.into_iter(), device: device.clone(), placed: 0 };
+        let mut place = Place { values: values.into_iter(), device: device.clone() };
         let model = unset.map(&mut place);
         // Both are built by `unset` from the same configuration: the same parameters, in the
-        // same order.
-        debug_assert_eq!(place.placed, expected);
+        // same order, so every drawn value found its place.
+        debug_assert_eq!(place.values.len(), 0);
         model
     }
 
@@ -138,7 +137,6 @@ impl burn::module::ModuleVisitor<InitBackend> for Drawn {
 struct Place<B: Backend> {
     values: std::vec::IntoIter<TensorData>,
     device: B::Device,
-    placed: usize,
 }
 
 impl<B: Backend> burn::module::ModuleMapper<B> for Place<B> {
@@ -148,7 +146,6 @@ impl<B: Backend> burn::module::ModuleMapper<B> for Place<B> {
     ) -> burn::module::Param<Tensor<B, D>> {
         match self.values.next() {
             Some(data) => {
-                self.placed += 1;
                 let value = Tensor::from_data(data, &self.device).require_grad();
                 burn::module::Param::initialized(param.id, value)
             }

@@ -14,9 +14,9 @@
 //! seed, drawn on the host whatever the device (`TdtModel::new`, under the same lock). Dropout
 //! uses the backend's generator, reseeded before each micro-batch; it is process-global, so ranks
 //! that are threads of one process interleave their dropout draws (the tiny preset has no
-//! dropout; such runs stay consistent across ranks but are not bit-reproducible). With the checkpointed model, optimizer
-//! state, counters and sampler position, a resumed run repeats the uninterrupted one bit for bit
-//! on the CPU backend.
+//! dropout; such runs stay consistent across ranks but are not bit-reproducible). With the
+//! checkpointed model, optimizer state, counters and sampler position, a resumed run repeats the
+//! uninterrupted one bit for bit on the CPU backend.
 
 pub mod collective;
 pub mod fused;
@@ -448,12 +448,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         batch: &PaddedBatch,
         divisor: f64,
     ) -> Result<Option<(f64, GradientsParams)>, TrainError> {
-        // Padded feature frames as the front end makes them (`max_samples / hop + 1`).
         let m = &self.cfg.model;
         kernel_limit::check_subsampling(
             batch.size(),
             batch.seconds,
-            batch.max_samples / m.preprocessor.window_stride.max(1) + 1,
+            crate::model::mel::padded_frames(&m.preprocessor, batch.max_samples),
             m.preprocessor.features,
             m.encoder.subsampling_conv_channels,
         )?;
