@@ -16,9 +16,15 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Compile a manifest (or raw shard tables) into one corpus file: clean transcripts, fix
-    /// language labels, drop duplicates and broken audio, decode FLAC, downmix, resample to
-    /// 16 kHz, tokenize, write.
+    /// Compile a dataset into one corpus file: clean transcripts, fix language labels, drop
+    /// duplicates and broken audio, decode (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus), cut segments,
+    /// downmix, resample to 16 kHz, tokenize, write.
+    ///
+    /// Inputs (--format, told from the path when left out): the seed's parquet manifest (seed),
+    /// NeMo JSON-lines manifests (nemo; `offset` cuts a segment), NeMo tarred manifests
+    /// (nemo-tarred, with --tarred-audio-filepaths), WebDataset/WeNet tar shards (wds: .tar
+    /// files, a directory of them or a data.list), a Kaldi data directory (kaldi: wav.scp, text,
+    /// segments, utt2lang), or the raw shard layout (--shards DIR).
     ///
     /// Rejected rows are data, not failures: each is listed with its reason in
     /// <CORPUS>.report.jsonl and counted in <CORPUS>.report.json, and the exit status is 0
@@ -29,11 +35,18 @@ pub enum Command {
         asrc compile manifest.parquet --tokenizer spm.model -o corpus.asrcorpus\n  \
         asrc compile --shards /data/raw --tokenizer spm.model -o corpus.asrcorpus \\\n      \
         --min-duration 0.5 --max-duration 20 --min-quality 0.8\n  \
-        asrc compile manifest.parquet --tokenizer spm.model -o c.asrcorpus --max-reject-fraction 0.01\n\n\
+        asrc compile manifest.parquet --tokenizer spm.model -o c.asrcorpus --max-reject-fraction 0.01\n  \
+        asrc compile train_manifest.json dev_manifest.json --tokenizer spm.model -o c.asrcorpus\n  \
+        asrc compile tarred_audio_manifest.json --format nemo-tarred \\\n      \
+        --tarred-audio-filepaths 'audio__OP_0..7_CL_.tar' --tokenizer spm.model -o c.asrcorpus\n  \
+        asrc compile shards/data.list --tokenizer spm.model -o c.asrcorpus\n  \
+        asrc compile data/train --format kaldi --tokenizer spm.model -o c.asrcorpus\n\n\
         Reasons a row is dropped: null_segment_id, duplicate_row, reused_segment_id,\n  \
         duplicate_audio, filtered_duration, filtered_quality, null_text, empty_text, no_language,\n  \
-        no_audio_index, missing_file, not_flac, corrupt_flac, truncated_flac, no_samples,\n  \
-        unsupported_audio, format_change, tokenize_error, unstorable.\n\
+        no_audio_index, malformed_line, pipe_refused, missing_file, missing_member,\n  \
+        unsupported_codec, corrupt_flac, truncated_flac, corrupt_audio, truncated_audio,\n  \
+        segment_beyond_end, no_samples, unsupported_audio, format_change, tokenize_error,\n  \
+        unstorable.\n\
         Kept rows may be retagged (language changed) or flagged: unknown_language, tag_mismatch,\n  \
         duration_mismatch, truncated_tokens.")]
     Compile(Box<CompileArgs>),
@@ -64,8 +77,9 @@ pub enum Command {
         asrc retokenize corpus.asrcorpus --tokenizer new.model -o corpus-new.asrcorpus\n  \
         asrc retokenize corpus.asrcorpus --tokenizer nemo.model --lang-prefix never -o c2.asrcorpus")]
     Retokenize(RetokenizeArgs),
-    /// Decode FLAC files as `asrc compile` does and say what it would do with each: the
-    /// stream's format and length, and the reject reason if it would drop the file; with --md5,
+    /// Decode audio files (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus) as `asrc compile` does and say
+    /// what it would do with each: the codec, the stream's format and length, and the reject
+    /// reason if it would drop the file; with --md5,
     /// the MD5 of the decoded samples (before any downmix or resampling: what STREAMINFO's MD5
     /// and `flac -d` cover).
     ///
@@ -120,7 +134,7 @@ pub struct DumpArgs {
 /// Arguments of `asrc probe`.
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
-    /// FLAC files.
+    /// Audio files: FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus (the codec is told by the bytes).
     #[arg(value_name = "FILE", required = true, value_hint = ValueHint::FilePath)]
     pub files: Vec<PathBuf>,
     /// Also print the MD5 of the decoded samples.
@@ -204,10 +218,25 @@ mod tests {
 /// Arguments of `asrc compile`.
 #[derive(Debug, Args)]
 pub struct CompileArgs {
-    /// Training-ready manifest (parquet: segment_id, shard_id, text, duration, lang,
-    /// tar_member_name, tar_path, source). The audio of a row is dirname(tar_path)/tar_member_name.
-    #[arg(value_name = "MANIFEST", value_hint = ValueHint::FilePath, required_unless_present = "shards", conflicts_with = "shards")]
-    pub manifest: Option<PathBuf>,
+    /// The dataset: a seed parquet manifest (segment_id, shard_id, text, duration, lang,
+    /// tar_member_name, tar_path, source; the audio is member tar_member_name of tar_path when
+    /// that archive exists, else dirname(tar_path)/tar_member_name), NeMo manifests, WebDataset
+    /// shards or a list of them, or a Kaldi data directory (see --format).
+    #[arg(value_name = "INPUT", value_hint = ValueHint::AnyPath, required_unless_present = "shards", conflicts_with = "shards")]
+    pub inputs: Vec<PathBuf>,
+    /// The input's layout: seed, nemo, nemo-tarred, wds or kaldi (default: told from the
+    /// path: .parquet is seed, .json/.jsonl nemo (nemo-tarred with --tarred-audio-filepaths),
+    /// .tar/.list or a directory of .tar files wds, a directory with wav.scp kaldi).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::inputs::Format>,
+    /// NeMo tarred audio: the archives, in NeMo's pattern (`audio__OP_0..7_CL_.tar` or
+    /// `audio_{0..7}.tar`); each manifest line's shard_id picks one.
+    #[arg(long, value_name = "PATTERN")]
+    pub tarred_audio_filepaths: Option<String>,
+    /// Run the `cmd |` entries of a Kaldi wav.scp (under sh -c, in the data directory); without
+    /// this they are dropped as pipe_refused.
+    #[arg(long)]
+    pub allow_pipes: bool,
     /// Read the raw shard layout instead: every directory below DIR holding metadata.parquet
     /// and audio_index.parquet (joined on segment_id), with the FLAC files beside them.
     #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]
@@ -267,7 +296,9 @@ pub struct CompileArgs {
     /// Rows read and processed together (bounds memory: one chunk of decoded audio).
     #[arg(long, default_value_t = 256, hide_short_help = true)]
     pub chunk_rows: usize,
-    /// Source name for rows of a --shards input (default: the directory's name).
+    /// Source name of every row, for inputs other than the seed manifest (which has a source
+    /// column). Default: the shard root's, Kaldi directory's or first archive's name, or each
+    /// NeMo manifest's file stem.
     #[arg(long, value_name = "NAME")]
     pub source: Option<String>,
     /// Summary report path (default: <CORPUS>.report.json); the row list goes to the same

@@ -15,6 +15,7 @@ mod cli;
 mod commands;
 mod compile;
 mod dedup;
+pub mod inputs;
 mod lang;
 mod manifest;
 mod merge;
@@ -47,11 +48,14 @@ pub use lang::{
 // The training-ready manifest, read in chunks of rows.
 pub use manifest::{ManifestError, ManifestReader, ManifestRow};
 
-// FLAC decoding and downmix, conversion to 16-bit.
+// Audio decoding (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus) and downmix, segments, conversion to
+// 16-bit.
 pub use audio::decode::{
-    decode, decode_file, decode_file_with, decode_pcm, decode_pcm_with, decode_with, downmix,
-    md5_of, to_i16, Decoded, Decoder, Pcm, Reject, MAX_SECONDS,
+    codec_of, decode, decode_file, decode_file_with, decode_pcm, decode_pcm_with, decode_stream,
+    decode_with, downmix, md5_of, to_i16, Codec, DecodeOptions, Decoded, Decoder, Pcm, Reject,
+    Stream, StreamSamples, MAX_SECONDS,
 };
+pub use audio::segment::{Segment, END_SLACK};
 
 // Resampling to the corpus rate.
 pub use audio::resample::{ResampleError, Resampler, TARGET_RATE};

@@ -14,6 +14,10 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
+use crate::audio::segment::Segment;
+use crate::inputs::AudioRef;
+use crate::reason::Reason;
+
 /// The manifest's string columns, in the order [`ManifestRow::fields`] lists them.
 pub const STRING_COLUMNS: [&str; 7] =
     ["segment_id", "shard_id", "text", "lang", "tar_member_name", "tar_path", "source"];
@@ -89,6 +93,16 @@ pub struct ManifestRow {
     /// Directory holding the audio file, when the source knows it directly (raw shard layout);
     /// otherwise the audio is in `dirname(tar_path)`.
     pub audio_dir: Option<PathBuf>,
+    /// The audio, when the input names it directly (every layout but the seed's manifest and
+    /// raw shards, whose audio is found from `tar_path`, `audio_dir` and `tar_member_name`).
+    pub audio: Option<AudioRef>,
+    /// The part of the recording this row is, when it is a cut of a longer one.
+    pub segment: Option<Segment>,
+    /// Where the row was read: `FILE:LINE`, `ARCHIVE:KEY` (for the report).
+    pub origin: Option<String>,
+    /// Why the row could not be read (a malformed line or entry): stage 1 drops it with this
+    /// reason and detail.
+    pub malformed: Option<(Reason, String)>,
 }
 
 impl ManifestRow {
@@ -106,7 +120,29 @@ impl ManifestRow {
             self.duration.map(|d| d.to_string()).unwrap_or_default(),
             self.quality.map(|q| q.to_string()).unwrap_or_default(),
             self.audio_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+            self.audio.as_ref().map(|a| format!("{a:?}")).unwrap_or_default(),
+            self.segment.map(|s| format!("{s:?}")).unwrap_or_default(),
         ]
+    }
+
+    /// Where the audio is: the row's own [`AudioRef`] when the input named one; else, for the
+    /// seed's layouts, member `tar_member_name` of the archive `tar_path` when that archive
+    /// exists, or the file `dirname(tar_path)/tar_member_name` (relative paths resolved
+    /// against `base`, the manifest's directory or `--audio-root`).
+    pub fn audio_ref(&self, base: &Path) -> Option<AudioRef> {
+        if let Some(a) = &self.audio {
+            return Some(a.clone());
+        }
+        let member = self.tar_member_name.as_deref().filter(|m| !m.is_empty())?;
+        if self.audio_dir.is_none() {
+            if let Some(tar) = self.tar_path.as_deref().filter(|t| !t.is_empty()) {
+                let tar = base.join(tar);
+                if tar.is_file() {
+                    return Some(AudioRef::Member { tar, member: member.to_owned(), span: None });
+                }
+            }
+        }
+        self.audio_path(base).map(AudioRef::File)
     }
 
     /// The audio file: `dirname(tar_path)/tar_member_name`, a relative result resolved against
@@ -272,8 +308,7 @@ fn rows_of(batch: &RecordBatch, first_row: u64) -> Vec<ManifestRow> {
                 tar_path: s(5),
                 source: s(6),
                 duration: duration.and_then(|c| float_at(c.as_ref(), i)),
-                quality: None,
-                audio_dir: None,
+                ..Default::default()
             }
         })
         .collect()

@@ -71,8 +71,21 @@ reasons! {
     NoAudioIndex = "no_audio_index", Dropped;
     /// No file name, or the file cannot be read.
     MissingFile = "missing_file", Dropped;
-    /// Another format (or unknown bytes) under a FLAC name.
-    NotFlac = "not_flac", Dropped;
+    /// An input line or entry that cannot be read (malformed JSON, a Kaldi line without its
+    /// fields, a field of the wrong type).
+    MalformedLine = "malformed_line", Dropped;
+    /// A `cmd |` pipe entry in a Kaldi `wav.scp` (not run unless asked for).
+    PipeRefused = "pipe_refused", Dropped;
+    /// The tar archive has no member of that name.
+    MissingMember = "missing_member", Dropped;
+    /// Bytes of no codec asrc decodes (MP4/AAC, Ogg FLAC, unknown).
+    UnsupportedCodec = "unsupported_codec", Dropped;
+    /// A WAV, MP3, Vorbis or Opus stream is damaged.
+    CorruptAudio = "corrupt_audio", Dropped;
+    /// A WAV, MP3, Vorbis or Opus stream ends before its headers say it does.
+    TruncatedAudio = "truncated_audio", Dropped;
+    /// A segment's offset and duration reach beyond the end of its recording.
+    SegmentBeyondEnd = "segment_beyond_end", Dropped;
     /// A frame fails to decode, or the headers are invalid.
     CorruptFlac = "corrupt_flac", Dropped;
     /// The stream ends before the sample count its header announces.

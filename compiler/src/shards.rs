@@ -260,6 +260,7 @@ fn join(
                 duration: f(durations),
                 quality: f(qualities),
                 audio_dir: Some(shard.dir.clone()),
+                ..Default::default()
             }
         })
         .collect()

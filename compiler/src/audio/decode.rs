@@ -1,23 +1,30 @@
-//! FLAC decoding: any sample rate, 1 to 8 channels, 4 to 32 bits, downmixed to mono by the mean
-//! of the channels.
+//! The decoder front door: the codec is told by the bytes, never by the file name, and every
+//! codec comes back as a [`Stream`] (interleaved samples at the file's rate), downmixed to mono
+//! by the mean of the channels ([`Decoded`]).
 //!
-//! Two decoders: libFLAC, the reference decoder, by default ([`Decoder::Libflac`], module
-//! `libflac`), and symphonia, in pure Rust ([`Decoder::Symphonia`]). Both return the stream's
-//! integer samples ([`decode_pcm`]), which [`decode`] downmixes. A decoded stream is only kept
-//! when nothing is known to be wrong with it: the samples match the MD5 that STREAMINFO records
-//! (when the encoder recorded one), every frame has STREAMINFO's format, no frame was damaged,
-//! and the stream holds the samples its header announces.
+//! | codec | decoder | module |
+//! |---|---|---|
+//! | FLAC | libFLAC by default ([`Decoder::Libflac`]), symphonia on request | `libflac`, `symphonia_flac` |
+//! | WAV (PCM 8-32 bit, float, A-law, µ-law, extensible) | ours | `wav` |
+//! | MP3, Ogg Vorbis | symphonia | `lossy` |
+//! | Ogg Opus | libopus | `opus` (pages by `ogg`) |
+//!
+//! A FLAC stream is only kept when nothing is known to be wrong with it: the samples match the
+//! MD5 that STREAMINFO records (when the encoder recorded one), every frame has STREAMINFO's
+//! format, no frame was damaged, and the stream holds the samples its header announces. The
+//! other codecs are held to what they can check: WAV's chunk sizes, Ogg's page CRCs and
+//! end-of-stream flag, Opus's granule positions, any packet that fails to decode.
 //!
 //! A file that is not usable is a [`Reject`], not an error: the compiler counts it, reports it
-//! with its reason and detail, and goes on. Corrupt frames are rejects too (the file is dropped,
-//! not patched with silence), and so is a stream that ends before the sample count its header
-//! announces.
+//! with its reason and detail, and goes on. Damage is a reject too (the file is dropped, not
+//! patched with silence), and so is a stream that ends before its headers say it does.
 
 use std::path::Path;
 
-use super::libflac;
-pub use super::pcm::{downmix, md5_of, to_i16, Pcm, Reject, MAX_SECONDS};
-use super::symphonia_flac;
+pub use super::pcm::{
+    downmix, md5_of, to_i16, Codec, Pcm, Reject, Stream, StreamSamples, MAX_SECONDS,
+};
+use super::{libflac, lossy, opus, symphonia_flac, wav};
 
 /// Which FLAC decoder `asrc` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -49,14 +56,40 @@ pub struct Decoded {
     pub rate: u32,
     /// Channels of the file.
     pub channels: u32,
-    /// Bits per sample of the file.
-    pub bits: u32,
+    /// Bits per sample of an integer stream; `None` for float and lossy streams.
+    pub bits: Option<u32>,
+    /// The file's codec.
+    pub codec: Codec,
 }
 
 impl Decoded {
-    /// `pcm` downmixed to mono.
-    fn from_pcm(pcm: &Pcm) -> Decoded {
-        Decoded { samples: downmix(pcm), rate: pcm.rate, channels: pcm.channels, bits: pcm.bits }
+    /// `stream` downmixed to mono.
+    pub fn from_stream(stream: &Stream) -> Decoded {
+        Decoded {
+            samples: stream.downmix(),
+            rate: stream.rate,
+            channels: stream.channels,
+            bits: stream.bits,
+            codec: stream.codec,
+        }
+    }
+}
+
+/// How files are decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// The FLAC decoder.
+    pub flac: Decoder,
+    /// Whether FLAC samples are checked against STREAMINFO's MD5.
+    pub verify_md5: bool,
+    /// Most audio taken from one file, in seconds ([`MAX_SECONDS`] for a file that is one
+    /// utterance; more for a recording that segments are cut from).
+    pub max_seconds: u64,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> DecodeOptions {
+        DecodeOptions { flac: Decoder::default(), verify_md5: true, max_seconds: MAX_SECONDS }
     }
 }
 
@@ -68,7 +101,18 @@ fn sniff(bytes: &[u8]) -> &'static str {
     } else if at(0, b"RIFF") && at(8, b"WAVE") {
         "wav"
     } else if at(0, b"OggS") {
-        "ogg"
+        // The first page's first packet names the codec: it starts at byte 27 + segment count.
+        let body = bytes.get(26).map_or(usize::MAX - 16, |&n| 27 + usize::from(n));
+        let starts = |m: &[u8]| bytes.get(body..body + m.len()) == Some(m);
+        if starts(b"OpusHead") {
+            "opus"
+        } else if starts(b"\x01vorbis") {
+            "vorbis"
+        } else if starts(b"\x7fFLAC") {
+            "ogg-flac"
+        } else {
+            "ogg"
+        }
     } else if at(0, b"ID3") {
         // FLAC with a leading ID3v2 tag exists in the wild: look behind the tag.
         let size = bytes
@@ -88,20 +132,20 @@ fn sniff(bytes: &[u8]) -> &'static str {
     }
 }
 
-/// Reads and decodes the FLAC file at `path` with libFLAC.
+/// Reads and decodes the audio file at `path` (FLAC with libFLAC).
 pub fn decode_file(path: &Path) -> Result<Decoded, Reject> {
     decode_file_with(path, Decoder::default(), true)
 }
 
-/// Reads and decodes the FLAC file at `path` with `decoder`, checking STREAMINFO's MD5 when
-/// `verify_md5` (and the stream records one).
+/// Reads and decodes the audio file at `path`, FLAC with `decoder`, checking STREAMINFO's MD5
+/// when `verify_md5` (and the stream records one).
 pub fn decode_file_with(
     path: &Path,
     decoder: Decoder,
     verify_md5: bool,
 ) -> Result<Decoded, Reject> {
-    let pcm = decode_pcm_with(read_file(path)?, decoder, verify_md5)?;
-    Ok(Decoded::from_pcm(&pcm))
+    let opts = DecodeOptions { flac: decoder, verify_md5, ..DecodeOptions::default() };
+    Ok(Decoded::from_stream(&decode_stream(read_file(path)?, &opts)?))
 }
 
 /// The bytes of the file at `path`, or a `MissingFile` reject naming it.
@@ -109,14 +153,71 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>, Reject> {
     std::fs::read(path).map_err(|e| Reject::MissingFile(format!("{}: {e}", path.display())))
 }
 
-/// Decodes FLAC bytes with libFLAC, downmixed to mono.
+/// Decodes audio bytes (FLAC with libFLAC), downmixed to mono.
 pub fn decode(bytes: Vec<u8>) -> Result<Decoded, Reject> {
     decode_with(bytes, Decoder::default())
 }
 
-/// Decodes FLAC bytes with `decoder`, downmixed to mono.
+/// Decodes audio bytes, FLAC with `decoder`, downmixed to mono.
 pub fn decode_with(bytes: Vec<u8>, decoder: Decoder) -> Result<Decoded, Reject> {
-    Ok(Decoded::from_pcm(&decode_pcm(bytes, decoder)?))
+    let opts = DecodeOptions { flac: decoder, ..DecodeOptions::default() };
+    Ok(Decoded::from_stream(&decode_stream(bytes, &opts)?))
+}
+
+/// The codec the bytes hold, or the reject for bytes asrc does not decode.
+pub fn codec_of(bytes: &[u8]) -> Result<Codec, Reject> {
+    let kind = sniff(bytes);
+    Ok(match kind {
+        "flac" => Codec::Flac,
+        "wav" => Codec::Wav,
+        "mp3" => Codec::Mp3,
+        "vorbis" => Codec::Vorbis,
+        "opus" => Codec::Opus,
+        other => {
+            let head: String =
+                bytes.iter().take(4).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
+            let what = match other {
+                "ogg-flac" => "Ogg FLAC (FLAC in Ogg pages)".to_owned(),
+                "ogg" => "an Ogg stream of an unknown codec".to_owned(),
+                "mp4" => "MP4/M4A (AAC)".to_owned(),
+                _ if bytes.is_empty() => "an empty file".to_owned(),
+                _ => format!("unknown bytes (first bytes {head})"),
+            };
+            return Err(Reject::UnsupportedCodec(format!(
+                "{what}; asrc decodes FLAC, WAV, MP3, Ogg Vorbis and Ogg Opus"
+            )));
+        }
+    })
+}
+
+/// Decodes audio bytes of any codec asrc reads to the stream's own samples, before the downmix.
+pub fn decode_stream(bytes: Vec<u8>, opts: &DecodeOptions) -> Result<Stream, Reject> {
+    let codec = codec_of(&bytes)?;
+    let stream = match codec {
+        Codec::Flac => Stream::from_flac(match opts.flac {
+            Decoder::Libflac => libflac::decode(&bytes, opts.max_seconds, opts.verify_md5)?,
+            Decoder::Symphonia => symphonia_flac::decode(bytes, opts.verify_md5)?,
+        }),
+        Codec::Wav => {
+            let w = wav::decode(&bytes, opts.max_seconds)?;
+            let (rate, channels, bits, samples) = (w.rate, w.channels, w.bits, w.samples);
+            Stream { codec, rate, channels, bits, samples, md5_checked: false }
+        }
+        Codec::Mp3 | Codec::Vorbis => {
+            let l = lossy::decode(bytes, codec, opts.max_seconds)?;
+            let (rate, channels, samples) = (l.rate, l.channels, l.samples);
+            Stream { codec, rate, channels, bits: None, samples, md5_checked: false }
+        }
+        Codec::Opus => {
+            let o = opus::decode(&bytes, opts.max_seconds)?;
+            let (channels, samples) = (o.channels, o.samples);
+            Stream { codec, rate: opus::RATE, channels, bits: None, samples, md5_checked: false }
+        }
+    };
+    if stream.samples.is_empty() {
+        return Err(Reject::NoSamples(format!("the {} stream holds no samples", codec.name())));
+    }
+    Ok(stream)
 }
 
 /// Decodes FLAC bytes to the stream's interleaved integer samples, before any downmix: what
@@ -133,7 +234,7 @@ pub fn decode_pcm_with(bytes: Vec<u8>, decoder: Decoder, verify_md5: bool) -> Re
     if kind != "flac" {
         let head: String =
             bytes.iter().take(4).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
-        return Err(Reject::NotFlac(format!(
+        return Err(Reject::UnsupportedCodec(format!(
             "{kind} data (first bytes {head}), expected a FLAC stream"
         )));
     }

@@ -26,13 +26,184 @@ pub struct Pcm {
     pub md5_checked: bool,
 }
 
+/// The codecs asrc decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    /// FLAC (native container).
+    Flac,
+    /// WAV (RIFF/WAVE).
+    Wav,
+    /// MPEG-1/2 Layer III.
+    Mp3,
+    /// Vorbis in Ogg.
+    Vorbis,
+    /// Opus in Ogg.
+    Opus,
+}
+
+impl Codec {
+    /// The codec's name, as the report and `asrc probe` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Flac => "flac",
+            Codec::Wav => "wav",
+            Codec::Mp3 => "mp3",
+            Codec::Vorbis => "vorbis",
+            Codec::Opus => "opus",
+        }
+    }
+
+    /// Whether the codec returns the encoder's input exactly.
+    pub fn lossless(self) -> bool {
+        matches!(self, Codec::Flac | Codec::Wav)
+    }
+}
+
+/// Interleaved samples as a decoder returns them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamSamples {
+    /// Integers at the stream's bit depth, sign-extended (FLAC, integer WAV, G.711 expanded).
+    Int(Vec<i32>),
+    /// Floats in [-1, 1] (float WAV, MP3, Vorbis, Opus).
+    F32(Vec<f32>),
+    /// Doubles in [-1, 1] (64-bit float WAV).
+    F64(Vec<f64>),
+}
+
+impl StreamSamples {
+    /// Interleaved values, all channels.
+    pub fn len(&self) -> usize {
+        match self {
+            StreamSamples::Int(v) => v.len(),
+            StreamSamples::F32(v) => v.len(),
+            StreamSamples::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether every float sample is finite (integers always are).
+    pub(crate) fn all_finite(&self) -> bool {
+        match self {
+            StreamSamples::Int(_) => true,
+            StreamSamples::F32(v) => v.iter().all(|x| x.is_finite()),
+            StreamSamples::F64(v) => v.iter().all(|x| x.is_finite()),
+        }
+    }
+}
+
+/// A decoded stream of any codec, before the downmix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stream {
+    /// What decoded it.
+    pub codec: Codec,
+    /// Sample rate in Hz.
+    pub rate: u32,
+    /// Channels.
+    pub channels: u32,
+    /// Bits per sample of integer samples; `None` for float and lossy streams.
+    pub bits: Option<u32>,
+    /// Interleaved samples.
+    pub samples: StreamSamples,
+    /// Whether the samples were checked against an MD5 the stream records (FLAC only).
+    pub md5_checked: bool,
+}
+
+impl Stream {
+    /// A FLAC decode as a stream.
+    pub(crate) fn from_flac(pcm: Pcm) -> Stream {
+        Stream {
+            codec: Codec::Flac,
+            rate: pcm.rate,
+            channels: pcm.channels,
+            bits: Some(pcm.bits),
+            md5_checked: pcm.md5_checked,
+            samples: StreamSamples::Int(pcm.samples),
+        }
+    }
+
+    /// Samples per channel.
+    pub fn frames(&self) -> u64 {
+        (self.samples.len() / self.channels.max(1) as usize) as u64
+    }
+
+    /// The mean of the channels in [-1, 1), as f32 (computed in f64, so that nothing is lost
+    /// before the one rounding).
+    pub fn downmix(&self) -> Vec<f32> {
+        let channels = self.channels.max(1) as usize;
+        match &self.samples {
+            StreamSamples::Int(v) => {
+                let bits = self.bits.unwrap_or(16).clamp(1, 32);
+                let scale = 1.0 / (f64::from(1u32 << (bits - 1)) * channels as f64);
+                mean_of_channels(v, channels, |x| f64::from(x) * scale)
+            }
+            StreamSamples::F32(v) => {
+                if channels == 1 {
+                    return v.clone();
+                }
+                mean_of_channels(v, channels, |x| f64::from(x) / channels as f64)
+            }
+            StreamSamples::F64(v) => mean_of_channels(v, channels, |x| x / channels as f64),
+        }
+    }
+
+    /// The MD5 of the samples: FLAC's definition for integers (each sample little-endian in
+    /// `(bits + 7) / 8` bytes), the little-endian IEEE bytes for floats.
+    pub fn md5(&self) -> [u8; 16] {
+        match &self.samples {
+            StreamSamples::Int(v) => md5_of(&Pcm {
+                samples: v.clone(),
+                rate: self.rate,
+                channels: self.channels,
+                bits: self.bits.unwrap_or(16),
+                md5_checked: false,
+            }),
+            StreamSamples::F32(v) => {
+                let mut h = Md5::new();
+                for x in v {
+                    h.update(x.to_le_bytes());
+                }
+                h.finalize().into()
+            }
+            StreamSamples::F64(v) => {
+                let mut h = Md5::new();
+                for x in v {
+                    h.update(x.to_le_bytes());
+                }
+                h.finalize().into()
+            }
+        }
+    }
+}
+
+/// Frame-wise sum of `f(sample)` over the channels, as f32.
+fn mean_of_channels<T: Copy>(v: &[T], channels: usize, f: impl Fn(T) -> f64) -> Vec<f32> {
+    if channels == 1 {
+        return v.iter().map(|&x| f(x) as f32).collect();
+    }
+    v.chunks_exact(channels).map(|frame| frame.iter().map(|&x| f(x)).sum::<f64>() as f32).collect()
+}
+
 /// Why an audio file was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reject {
     /// The file does not exist or cannot be read.
     MissingFile(String),
-    /// The bytes are another format (`wav`, `ogg`, `mp3`, `mp4`) or none recognised.
-    NotFlac(String),
+    /// The bytes are no codec asrc decodes (MP4/AAC, Ogg FLAC, a WAV encoding other than PCM,
+    /// float and G.711, unknown bytes).
+    UnsupportedCodec(String),
+    /// A tar archive holds no member of the name the input gives.
+    MissingMember(String),
+    /// A WAV, MP3, Ogg Vorbis or Ogg Opus stream is damaged.
+    CorruptAudio(String),
+    /// A WAV, MP3, Ogg Vorbis or Ogg Opus stream ends before its headers say it does.
+    TruncatedAudio(String),
+    /// A segment (offset and duration) reaches beyond the end of its recording.
+    SegmentBeyondEnd(String),
     /// The FLAC stream is damaged: a frame fails to decode or the headers are invalid.
     CorruptFlac(String),
     /// The stream ends before the sample count its header announces.
@@ -52,7 +223,11 @@ impl Reject {
     pub fn detail(&self) -> &str {
         match self {
             Reject::MissingFile(d)
-            | Reject::NotFlac(d)
+            | Reject::UnsupportedCodec(d)
+            | Reject::MissingMember(d)
+            | Reject::CorruptAudio(d)
+            | Reject::TruncatedAudio(d)
+            | Reject::SegmentBeyondEnd(d)
             | Reject::CorruptFlac(d)
             | Reject::TruncatedFlac(d)
             | Reject::NoSamples(d)
@@ -87,7 +262,11 @@ impl Reject {
     pub fn reason(&self) -> Reason {
         match self {
             Reject::MissingFile(_) => Reason::MissingFile,
-            Reject::NotFlac(_) => Reason::NotFlac,
+            Reject::UnsupportedCodec(_) => Reason::UnsupportedCodec,
+            Reject::MissingMember(_) => Reason::MissingMember,
+            Reject::CorruptAudio(_) => Reason::CorruptAudio,
+            Reject::TruncatedAudio(_) => Reason::TruncatedAudio,
+            Reject::SegmentBeyondEnd(_) => Reason::SegmentBeyondEnd,
             Reject::CorruptFlac(_) => Reason::CorruptFlac,
             Reject::TruncatedFlac(_) => Reason::TruncatedFlac,
             Reject::NoSamples(_) => Reason::NoSamples,

@@ -11,16 +11,32 @@ use super::about_path;
 use crate::cli::CompileArgs;
 use crate::compile::report::Summary;
 use crate::compile::{compile, report_paths, CompileOptions, Input, Progress};
+use crate::inputs::Format;
 use crate::output::print;
 
 /// Exit status when more rows than `--max-reject-fraction` allows were dropped.
 pub const EXIT_TOO_MANY_REJECTS: u8 = 1;
 
 fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
-    let input = match (&args.manifest, &args.shards) {
-        (Some(m), None) => Input::Manifest(m.clone()),
-        (None, Some(s)) => Input::Shards(s.clone()),
-        _ => anyhow::bail!("give either a MANIFEST or --shards DIR"),
+    let input = match (args.inputs.as_slice(), &args.shards) {
+        ([], Some(s)) => Input::Shards(s.clone()),
+        ([], None) => anyhow::bail!("give an INPUT or --shards DIR"),
+        (paths, None) => {
+            let tarred = args.tarred_audio_filepaths.is_some();
+            let format = match args.format {
+                Some(f) => f,
+                None => Format::detect(paths, tarred)?,
+            };
+            match (format, paths) {
+                (Format::Seed, [m]) => Input::Manifest(m.clone()),
+                (Format::Seed, _) => anyhow::bail!(
+                    "a seed manifest is one parquet file, {} were given",
+                    paths.len()
+                ),
+                (format, paths) => Input::Dataset { format, paths: paths.to_vec() },
+            }
+        }
+        (_, Some(_)) => anyhow::bail!("give either an INPUT or --shards DIR, not both"),
     };
     let mut o = CompileOptions::new(input, args.output.clone(), args.tokenizer.clone());
     if let Some(report) = &args.report {
@@ -43,7 +59,10 @@ fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
     }
     if let Some(s) = &args.source {
         o.shard_source = s.clone();
+        o.source = Some(s.clone());
     }
+    o.tarred_audio_filepaths = args.tarred_audio_filepaths.clone();
+    o.allow_pipes = args.allow_pipes;
     if let Some(f) = args.max_reject_fraction {
         anyhow::ensure!(
             (0.0..=1.0).contains(&f),

@@ -1,11 +1,12 @@
-//! `asrc probe`: what `asrc compile` would make of FLAC files, decoded and checked alone.
+//! `asrc probe`: what `asrc compile` would make of audio files (FLAC, WAV, MP3, Ogg Vorbis,
+//! Ogg Opus), decoded and checked alone.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::audio::decode::{decode_pcm, md5_of, read_file};
+use crate::audio::decode::{decode_stream, read_file, DecodeOptions};
 use crate::cli::ProbeArgs;
 use crate::output::print;
 
@@ -14,18 +15,22 @@ use crate::output::print;
 struct Probe {
     file: String,
     kept: bool,
+    /// The codec, when decoded.
+    codec: Option<&'static str>,
     /// The reject reason, when not kept.
     reason: Option<String>,
     detail: Option<String>,
     rate: Option<u32>,
     channels: Option<u32>,
+    /// Bits per sample of an integer stream (none for float and lossy streams).
     bits: Option<u32>,
     /// Samples per channel.
     samples: Option<u64>,
     seconds: Option<f64>,
     /// Whether the decode was checked against an MD5 the stream records.
     md5_checked: Option<bool>,
-    /// MD5 of the decoded samples (with --md5).
+    /// MD5 of the decoded samples (with --md5): FLAC's definition for integer streams, the
+    /// little-endian IEEE bytes of float ones.
     md5: Option<String>,
 }
 
@@ -34,25 +39,27 @@ pub fn run(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     let mut all_kept = true;
     let mut out = String::new();
     for path in &args.files {
-        let decoded = read_file(path).and_then(|bytes| decode_pcm(bytes, args.decoder));
+        let opts = DecodeOptions { flac: args.decoder, ..DecodeOptions::default() };
+        let decoded = read_file(path).and_then(|bytes| decode_stream(bytes, &opts));
         let file = path.display().to_string();
         let p = match decoded {
-            Ok(pcm) => {
-                let samples = (pcm.samples.len() / pcm.channels.max(1) as usize) as u64;
+            Ok(stream) => {
+                let samples = stream.frames();
                 Probe {
                     file,
                     kept: true,
+                    codec: Some(stream.codec.name()),
                     reason: None,
                     detail: None,
-                    rate: Some(pcm.rate),
-                    channels: Some(pcm.channels),
-                    bits: Some(pcm.bits),
+                    rate: Some(stream.rate),
+                    channels: Some(stream.channels),
+                    bits: stream.bits,
                     samples: Some(samples),
-                    seconds: Some(samples as f64 / f64::from(pcm.rate.max(1))),
-                    md5_checked: Some(pcm.md5_checked),
+                    seconds: Some(samples as f64 / f64::from(stream.rate.max(1))),
+                    md5_checked: Some(stream.md5_checked),
                     md5: args
                         .md5
-                        .then(|| md5_of(&pcm).iter().map(|b| format!("{b:02x}")).collect()),
+                        .then(|| stream.md5().iter().map(|b| format!("{b:02x}")).collect()),
                 }
             }
             Err(r) => {
@@ -60,6 +67,7 @@ pub fn run(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
                 Probe {
                     file,
                     kept: false,
+                    codec: None,
                     reason: Some(r.reason().name().to_owned()),
                     detail: Some(r.detail().to_owned()),
                     rate: None,
@@ -76,16 +84,21 @@ pub fn run(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
             out.push_str(&serde_json::to_string(&p)?);
             out.push('\n');
         } else if p.kept {
+            let depth = p.bits.map_or("float".to_owned(), |b| format!("{b} bit"));
+            let check = match (p.codec, p.md5_checked) {
+                (_, Some(true)) => "MD5 checked",
+                (Some("flac"), _) => "no MD5 recorded",
+                _ => "no checksum in the format",
+            };
             let _ = write!(
                 out,
-                "{}: ok, {} Hz, {} ch, {} bit, {} samples ({:.3} s), {}",
+                "{}: ok, {}, {} Hz, {} ch, {depth}, {} samples ({:.3} s), {check}",
                 p.file,
+                p.codec.unwrap_or(""),
                 p.rate.unwrap_or(0),
                 p.channels.unwrap_or(0),
-                p.bits.unwrap_or(0),
                 p.samples.unwrap_or(0),
                 p.seconds.unwrap_or(0.0),
-                if p.md5_checked == Some(true) { "MD5 checked" } else { "no MD5 recorded" }
             );
             if let Some(m) = &p.md5 {
                 let _ = write!(out, ", md5 {m}");

@@ -1,18 +1,25 @@
-//! Stage 2, audio and tokens (rayon, `--jobs` threads): read and decode one row's FLAC,
-//! downmix, resample to 16 kHz, convert to 16-bit, hash the PCM, tokenize the text. Rows are
-//! independent here; results come back in input order.
+//! Stage 2, audio and tokens (rayon, `--jobs` threads): read and decode one recording, cut each
+//! row's segment, downmix, resample to 16 kHz, convert to 16-bit, hash the PCM, tokenize the
+//! text. Rows of one recording (consecutive in the chunk: segments of a long file) share one
+//! decode; recordings are independent. Results come back in input order.
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use crate::audio::decode::{decode_file_with, to_i16, Decoder, Reject};
+use crate::audio::decode::{decode_stream, to_i16, DecodeOptions, Decoded, Decoder, Reject};
+use crate::audio::pcm::MAX_SECONDS;
 use crate::audio::resample::Resampler;
+use crate::inputs::TarCache;
 use crate::tokenize::{LangPrefix, Tokenizer};
 
 use super::report::{Entry, Reason};
 use super::rows::Ready;
+
+/// Most audio decoded from a recording that segments are cut from: one hour (at 48 kHz stereo,
+/// 1.4 GB of samples while it is downmixed).
+pub const MAX_RECORDING_SECONDS: u64 = 3600;
 
 /// Stage 2's result for a row.
 pub(super) struct Audio {
@@ -20,7 +27,7 @@ pub(super) struct Audio {
     pub(super) pcm: Vec<i16>,
     /// xxh3-64 of `pcm`, as the corpus stores it.
     pub(super) hash: u64,
-    /// Duration of the decoded file at its own rate.
+    /// Duration of the decoded file (or segment) at its own rate.
     pub(super) source_seconds: f64,
     /// Token ids, cut at the limit.
     pub(super) tokens: Vec<u32>,
@@ -53,37 +60,90 @@ pub(super) struct AudioStage<'a> {
     pub(super) max_tokens: usize,
     pub(super) decoder: Decoder,
     pub(super) verify_md5: bool,
+    pub(super) tars: &'a TarCache,
 }
 
 impl AudioStage<'_> {
     /// Stage 2 for a chunk on `pool`, results in the order of `ready`.
     pub(super) fn chunk(&self, pool: &rayon::ThreadPool, ready: &[Ready]) -> Vec<Outcome> {
-        pool.install(|| ready.par_iter().map(|r| self.row(r)).collect())
+        // Runs of consecutive rows with the same audio: one decode each.
+        let mut runs: Vec<&[Ready]> = Vec::new();
+        let mut start = 0;
+        for i in 1..=ready.len() {
+            if i == ready.len() || ready[i].audio != ready[start].audio {
+                runs.push(&ready[start..i]);
+                start = i;
+            }
+        }
+        pool.install(|| {
+            runs.par_iter().flat_map_iter(|run| self.recording(run)).collect::<Vec<_>>()
+        })
     }
 
-    /// Stage 2 for one row: decode, resample, hash, tokenize.
-    fn row(&self, ready: &Ready) -> Outcome {
-        let mut timings = Timings::default();
-        let audio = self.process(ready, &mut timings);
-        (audio, timings)
+    /// Stage 2 for the rows of one recording: one read and decode, then each row.
+    fn recording(&self, rows: &[Ready]) -> Vec<Outcome> {
+        let first = &rows[0];
+        let t = Instant::now();
+        let segmented = rows.iter().any(|r| r.row.segment.is_some());
+        let opts = DecodeOptions {
+            flac: self.decoder,
+            verify_md5: self.verify_md5,
+            max_seconds: if segmented { MAX_RECORDING_SECONDS } else { MAX_SECONDS },
+        };
+        let decoded = first
+            .audio
+            .read(self.tars)
+            .and_then(|bytes| decode_stream(bytes, &opts))
+            .map(|s| Decoded::from_stream(&s));
+        // The decode's time is shared by the rows it serves.
+        let decode_time = t.elapsed() / rows.len() as u32;
+        rows.iter()
+            .map(|ready| {
+                let mut timings = Timings { decode: decode_time, ..Timings::default() };
+                let audio = match &decoded {
+                    Ok(d) => self.process(ready, d, &mut timings),
+                    Err(r) => Err(self.reject(ready, r)),
+                };
+                (audio, timings)
+            })
+            .collect()
     }
 
-    fn process(&self, ready: &Ready, timings: &mut Timings) -> Result<Audio, Box<Entry>> {
+    /// The drop entry for `ready` rejected as `r`.
+    fn reject(&self, ready: &Ready, r: &Reject) -> Box<Entry> {
+        Box::new(Entry::new(&ready.row, r.reason(), r.detail().to_owned()).with_audio(&ready.audio))
+    }
+
+    /// One row from its decoded recording: cut, resample, hash, tokenize.
+    fn process(
+        &self,
+        ready: &Ready,
+        decoded: &Decoded,
+        timings: &mut Timings,
+    ) -> Result<Audio, Box<Entry>> {
         let reject = |reason: Reason, detail: String| {
-            let mut e = Entry::new(&ready.row, reason, detail);
-            e.file = Some(ready.audio.clone());
-            Box::new(e)
+            Box::new(Entry::new(&ready.row, reason, detail).with_audio(&ready.audio))
         };
         let t = Instant::now();
-        let decoded = decode_file_with(&ready.audio, self.decoder, self.verify_md5)
-            .map_err(|r: Reject| reject(r.reason(), r.detail().to_owned()))?;
-        timings.decode += t.elapsed();
-        let t = Instant::now();
-        let source_seconds = decoded.samples.len() as f64 / f64::from(decoded.rate.max(1));
+        let samples = match &ready.row.segment {
+            Some(seg) => {
+                let range = seg
+                    .range(decoded.samples.len(), decoded.rate)
+                    .map_err(|r| self.reject(ready, &r))?;
+                &decoded.samples[range]
+            }
+            None => &decoded.samples[..],
+        };
+        if samples.len() as u64 > MAX_SECONDS * u64::from(decoded.rate) {
+            return Err(reject(
+                Reason::Unstorable,
+                format!("more than {MAX_SECONDS} s of audio: longer than a corpus utterance may be"),
+            ));
+        }
+        let source_seconds = samples.len() as f64 / f64::from(decoded.rate.max(1));
         let resampled = RESAMPLER
-            .with(|r| r.borrow_mut().to_target(&decoded.samples, decoded.rate))
+            .with(|r| r.borrow_mut().to_target(samples, decoded.rate))
             .map_err(|e| reject(Reason::UnsupportedAudio, e.to_string()))?;
-        drop(decoded);
         let pcm = to_i16(&resampled);
         drop(resampled);
         timings.resample += t.elapsed();

@@ -40,6 +40,9 @@ pub enum CompileError {
     /// The input cannot be read or has the wrong schema.
     #[error(transparent)]
     Input(#[from] ManifestError),
+    /// A dataset input (NeMo, WebDataset, Kaldi) cannot be read.
+    #[error(transparent)]
+    Dataset(#[from] crate::inputs::InputError),
     /// The tokenizer cannot be loaded.
     #[error(transparent)]
     Tokenizer(#[from] TokenizeError),

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::CompileError;
 use crate::audio::decode::Decoder;
+use crate::inputs::Format;
 use crate::tokenize::LangPrefix;
 
 /// What to compile.
@@ -16,12 +17,31 @@ pub enum Input {
     Manifest(PathBuf),
     /// A directory of raw shards (`metadata.parquet` + `audio_index.parquet` each).
     Shards(PathBuf),
+    /// Another dataset layout (`inputs`): NeMo manifests, NeMo tarred, WebDataset shards, a
+    /// Kaldi directory.
+    Dataset {
+        /// The layout.
+        format: Format,
+        /// Its paths (manifests, archives, list files, the data directory).
+        paths: Vec<PathBuf>,
+    },
 }
 
 impl Input {
+    /// The first path of the input.
     pub(super) fn path(&self) -> &Path {
         match self {
             Input::Manifest(p) | Input::Shards(p) => p,
+            Input::Dataset { paths, .. } => paths.first().map_or(Path::new(""), |p| p.as_path()),
+        }
+    }
+
+    /// The layout's name, as the corpus's parameters record it.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Input::Manifest(_) => "manifest",
+            Input::Shards(_) => "shards",
+            Input::Dataset { format, .. } => format.name(),
         }
     }
 }
@@ -66,6 +86,13 @@ pub struct CompileOptions {
     pub entries_path: PathBuf,
     /// Source name given to every row of a shard input.
     pub shard_source: String,
+    /// Source name given to every row of a dataset input (default: its file or directory
+    /// name).
+    pub source: Option<String>,
+    /// NeMo tarred audio pattern (`--tarred-audio-filepaths`).
+    pub tarred_audio_filepaths: Option<String>,
+    /// Whether Kaldi `cmd |` entries are run.
+    pub allow_pipes: bool,
 }
 
 impl CompileOptions {
@@ -98,6 +125,9 @@ impl CompileOptions {
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             entries_path,
             shard_source,
+            source: None,
+            tarred_audio_filepaths: None,
+            allow_pipes: false,
         }
     }
 
@@ -117,12 +147,23 @@ impl CompileOptions {
                 )));
             }
         }
-        if matches!(self.input, Input::Manifest(_)) && self.min_quality.is_some() {
+        if !matches!(self.input, Input::Shards(_)) && self.min_quality.is_some() {
             return Err(CompileError::Options(
-                "--min-quality needs --shards input: a training-ready manifest has no quality \
+                "--min-quality needs --shards input: only the raw shard layout has a quality \
                  column"
                     .into(),
             ));
+        }
+        let tarred = matches!(self.input, Input::Dataset { format: Format::NemoTarred, .. });
+        if tarred != self.tarred_audio_filepaths.is_some() {
+            return Err(CompileError::Options(if tarred {
+                "--format nemo-tarred needs --tarred-audio-filepaths (e.g. \
+                 'audio__OP_0..7_CL_.tar')"
+                    .into()
+            } else {
+                "--tarred-audio-filepaths goes with NeMo tarred manifests (--format nemo-tarred)"
+                    .into()
+            }));
         }
         Ok(())
     }
@@ -157,10 +198,7 @@ impl CompileOptions {
         let p = Params {
             tool: "asrc",
             version: env!("CARGO_PKG_VERSION"),
-            input_kind: match self.input {
-                Input::Manifest(_) => "manifest",
-                Input::Shards(_) => "shards",
-            },
+            input_kind: self.input.kind(),
             input: name(self.input.path()),
             tokenizer: name(&self.tokenizer),
             lang_prefix: self.lang_prefix,

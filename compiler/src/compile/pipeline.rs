@@ -13,6 +13,7 @@ use crate::dedup::Deduper;
 use crate::tokenize::Tokenizer;
 
 use super::audio::{Audio, AudioStage, Outcome};
+use crate::inputs::TarCache;
 use super::report::{Entry, EntryWriter, Reason, StageSeconds, Summary};
 use super::rows::{claimed_hours, Ready, Rows};
 use super::source::Source;
@@ -124,9 +125,9 @@ impl Writer<'_> {
         match pushed {
             Ok(()) => {}
             Err(WriteError::InvalidUtterance { message, .. }) => {
-                let mut e = Entry::new(&ready.row, Reason::Unstorable, message);
-                e.file = Some(ready.audio.clone());
-                self.record(e);
+                self.record(
+                    Entry::new(&ready.row, Reason::Unstorable, message).with_audio(&ready.audio),
+                );
                 return Ok(());
             }
             Err(e) => return Err(e.into()),
@@ -144,15 +145,15 @@ impl Writer<'_> {
         }
         if let Some(claimed) = ready.row.duration {
             if (claimed - audio.source_seconds).abs() > self.opts.duration_tolerance {
-                let mut e = Entry::new(
+                let e = Entry::new(
                     &ready.row,
                     Reason::DurationMismatch,
                     format!(
                         "manifest says {claimed:.3} s, the audio decodes to {:.3} s (stored)",
                         audio.source_seconds
                     ),
-                );
-                e.file = Some(ready.audio.clone());
+                )
+                .with_audio(&ready.audio);
                 self.record(e);
             }
         }
@@ -177,7 +178,9 @@ pub fn compile(
     opts.check()?;
     let tokenizer = Tokenizer::open(&opts.tokenizer)?;
     let t = Instant::now();
-    let mut source = Source::open(&opts.input, opts.chunk_rows, &opts.shard_source)?;
+    // Tar indexes, shared by the input readers and stage 2's threads.
+    let tars = TarCache::default();
+    let mut source = Source::open(opts, &tars)?;
     let opened = t.elapsed().as_secs_f64();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs)
@@ -204,6 +207,7 @@ pub fn compile(
         max_tokens: opts.max_tokens,
         decoder: opts.decoder,
         verify_md5: opts.verify_md5,
+        tars: &tars,
     };
     let mut w = Writer {
         opts,

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::inputs::AudioRef;
 use crate::lang::Method;
 use crate::manifest::ManifestRow;
 pub use crate::reason::{Kind, Reason};
@@ -39,9 +40,16 @@ pub struct Entry {
     pub reason: Reason,
     /// Human-readable detail.
     pub detail: String,
-    /// The audio file, where one is involved.
+    /// The audio file (or the archive holding it), where one is involved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
+    /// The archive member holding the audio, for a tarred input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    /// Where the row was read (`FILE:LINE`, `ARCHIVE:KEY`), for the layouts that are not
+    /// parquet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     /// The language change, for a retagged row.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retag: Option<Retag>,
@@ -58,8 +66,17 @@ impl Entry {
             reason,
             detail,
             file: None,
+            member: None,
+            origin: row.origin.clone(),
             retag: None,
         }
+    }
+
+    /// The entry naming `audio`'s file (or archive) and member.
+    pub(crate) fn with_audio(mut self, audio: &AudioRef) -> Entry {
+        self.file = audio.file().map(Path::to_path_buf);
+        self.member = audio.member().map(str::to_owned);
+        self
     }
 }
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use crate::dedup::Deduper;
+use crate::inputs::AudioRef;
 use crate::lang;
 use crate::manifest::ManifestRow;
 use crate::text;
@@ -22,8 +23,8 @@ pub(super) struct Ready {
     pub(super) text: String,
     /// The final language code.
     pub(super) language: String,
-    /// The audio file.
-    pub(super) audio: PathBuf,
+    /// Where the audio is.
+    pub(super) audio: AudioRef,
 }
 
 /// A row stage 1 keeps, with the entries the report lists for it (flags, then the retag).
@@ -60,6 +61,10 @@ impl Rows<'_> {
     /// [`Rows::prepare`] would, without preparing it: a later part then drops what one compile
     /// of the whole input would.
     pub(super) fn remember(&mut self, row: &ManifestRow) {
+        // A malformed row is dropped before its ids are looked at (`prepare`).
+        if row.malformed.is_some() {
+            return;
+        }
         // Only the deduper's state matters here, not the verdict on the row.
         let _ = self.check_ids(row);
     }
@@ -84,6 +89,9 @@ impl Rows<'_> {
         let drop = |row: &ManifestRow, reason: Reason, detail: String| {
             Box::new(Entry::new(row, reason, detail))
         };
+        if let Some((reason, detail)) = &row.malformed {
+            return Err(drop(&row, *reason, detail.clone()));
+        }
         let segment_id = self.check_ids(&row)?;
         if let Some(e) = self.filter(&row) {
             return Err(Box::new(e));
@@ -136,7 +144,7 @@ impl Rows<'_> {
             let detail = "no language label and no script that decides one".into();
             return Err(drop(&row, Reason::NoLanguage, detail));
         }
-        let Some(audio) = row.audio_path(&self.audio_base) else {
+        let Some(audio) = row.audio_ref(&self.audio_base) else {
             return Err(if row.audio_dir.is_some() {
                 drop(
                     &row,

@@ -3,6 +3,7 @@
 // Test helpers outside #[test] functions may unwrap: a panic is the failure report.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod codecs;
 mod compile;
 mod decode;
 mod flac_conformance;
