@@ -4,11 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libsentencepiece-dev is linked through pkg-config; cmake builds the libFLAC sources that
+# libsentencepiece-dev and libopus-dev (the Opus decoder) are linked through pkg-config; cmake builds the libFLAC sources that
 # libflac-sys bundles; sox, flac and sentencepiece (spm_train, spm_encode) are the reference
 # tools the tests compare against; mesa-vulkan-drivers is Mesa's software Vulkan driver
 # (lavapipe), on which the wgpu backend runs the TDT kernels when there is no GPU.
-apt_packages=(pkg-config cmake libsentencepiece-dev sentencepiece sox flac mesa-vulkan-drivers)
+apt_packages=(pkg-config cmake libsentencepiece-dev libopus-dev sentencepiece sox flac mesa-vulkan-drivers)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -25,7 +25,8 @@ done < sentences.tsv
 
 # Broken audio for the compiler's reject paths.
 head -c 3000 "$shard/en-0002.flac" > "$shard/broken-truncated.flac"
-sox -D "$tmp/en-0004.wav" "$shard/broken-wav.flac.wav" && mv "$shard/broken-wav.flac.wav" "$shard/broken-wav.flac"
+# An AIFF file under a FLAC name: a codec asrc does not decode (it tells codecs by their bytes).
+sox -D "$tmp/en-0004.wav" -t aiff "$shard/broken-aiff.flac"
 # The same samples as en-0001, encoded differently (different bytes, same audio).
 flac -s -d -c --force-raw-format --endian=little --sign=signed "$shard/en-0001.flac" | flac -s -0 --force-raw-format --endian=little --sign=signed \
   --channels=1 --bps=16 --sample-rate=16000 -o "$shard/en-0001-copy.flac" -

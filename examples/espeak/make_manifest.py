@@ -30,7 +30,7 @@ bad = [
     dict(first, text="<|en|> Another transcript entirely."),       # reused_segment_id
     dict(first, segment_id="en-0001-copy", tar_member_name="en-0001-copy.flac"),  # duplicate_audio
     dict(first, segment_id="broken-truncated", tar_member_name="broken-truncated.flac"),
-    dict(first, segment_id="broken-wav", tar_member_name="broken-wav.flac"),
+    dict(first, segment_id="broken-aiff", tar_member_name="broken-aiff.flac"),   # unsupported_codec
     dict(first, segment_id="broken-missing", tar_member_name="missing.flac"),
     dict(first, segment_id="broken-null-text", text=None),
     dict(first, segment_id="broken-empty-text", text="<|en|> [music] ..."),

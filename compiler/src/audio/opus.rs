@@ -45,7 +45,9 @@ fn parse_head(p: &[u8]) -> Result<Head, Reject> {
         )));
     }
     if !(1..=2).contains(&channels) {
-        return Err(corrupt(format!("{channels} channels in mapping family 0, which allows 1 or 2")));
+        return Err(corrupt(format!(
+            "{channels} channels in mapping family 0, which allows 1 or 2"
+        )));
     }
     Ok(Head {
         channels,

@@ -53,7 +53,10 @@ fn corrupt(detail: String) -> Reject {
 /// Reads the `fmt ` chunk body.
 fn parse_format(body: &[u8]) -> Result<Format, Reject> {
     if body.len() < 16 {
-        return Err(corrupt(format!("the fmt chunk has {} bytes, at least 16 expected", body.len())));
+        return Err(corrupt(format!(
+            "the fmt chunk has {} bytes, at least 16 expected",
+            body.len()
+        )));
     }
     let mut tag = le16(body, 0);
     let channels = u32::from(le16(body, 2));
@@ -174,7 +177,9 @@ pub(crate) fn decode(bytes: &[u8], max_seconds: u64) -> Result<Wav, Reject> {
         )));
     }
     let samples = match (f.encoding, f.bits) {
-        (Encoding::Pcm, 8) => StreamSamples::Int(data.iter().map(|&b| i32::from(b) - 128).collect()),
+        (Encoding::Pcm, 8) => {
+            StreamSamples::Int(data.iter().map(|&b| i32::from(b) - 128).collect())
+        }
         (Encoding::Pcm, 16) => StreamSamples::Int(
             data.chunks_exact(2).map(|c| i32::from(i16::from_le_bytes([c[0], c[1]]))).collect(),
         ),

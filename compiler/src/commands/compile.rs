@@ -29,10 +29,9 @@ fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
             };
             match (format, paths) {
                 (Format::Seed, [m]) => Input::Manifest(m.clone()),
-                (Format::Seed, _) => anyhow::bail!(
-                    "a seed manifest is one parquet file, {} were given",
-                    paths.len()
-                ),
+                (Format::Seed, _) => {
+                    anyhow::bail!("a seed manifest is one parquet file, {} were given", paths.len())
+                }
                 (format, paths) => Input::Dataset { format, paths: paths.to_vec() },
             }
         }

@@ -137,7 +137,9 @@ impl AudioStage<'_> {
         if samples.len() as u64 > MAX_SECONDS * u64::from(decoded.rate) {
             return Err(reject(
                 Reason::Unstorable,
-                format!("more than {MAX_SECONDS} s of audio: longer than a corpus utterance may be"),
+                format!(
+                    "more than {MAX_SECONDS} s of audio: longer than a corpus utterance may be"
+                ),
             ));
         }
         let source_seconds = samples.len() as f64 / f64::from(decoded.rate.max(1));

@@ -13,11 +13,11 @@ use crate::dedup::Deduper;
 use crate::tokenize::Tokenizer;
 
 use super::audio::{Audio, AudioStage, Outcome};
-use crate::inputs::TarCache;
 use super::report::{Entry, EntryWriter, Reason, StageSeconds, Summary};
 use super::rows::{claimed_hours, Ready, Rows};
 use super::source::Source;
 use super::{CompileError, CompileOptions};
+use crate::inputs::TarCache;
 
 /// Progress after a chunk.
 #[derive(Debug, Clone, Copy)]

@@ -39,10 +39,9 @@ impl Source {
                 let dir = p.parent().expect("a path that opened as a manifest file has a parent");
                 (reader, dir.to_path_buf())
             }
-            Input::Shards(p) => (
-                Reader::Shards(ShardsReader::open(p, chunk_rows, &opts.shard_source)?),
-                p.clone(),
-            ),
+            Input::Shards(p) => {
+                (Reader::Shards(ShardsReader::open(p, chunk_rows, &opts.shard_source)?), p.clone())
+            }
             Input::Dataset { format, paths } => {
                 let rows = match format {
                     Format::Seed => {

@@ -61,8 +61,11 @@ fn table(dir: &Path, name: &str) -> Result<HashMap<String, String>, InputError> 
     Ok(map)
 }
 
+/// A `wav.scp` entry: where its audio is, or why it cannot be read (reason and detail).
+type ScpEntry = Result<AudioRef, (Reason, String)>;
+
 /// Where a `wav.scp` entry's audio is, or why it cannot be read.
-fn audio_of(base: &Path, entry: &str, allow_pipes: bool) -> Result<AudioRef, (Reason, String)> {
+fn audio_of(base: &Path, entry: &str, allow_pipes: bool) -> ScpEntry {
     if let Some(cmd) = entry.strip_suffix('|') {
         if !allow_pipes {
             return Err((
@@ -75,7 +78,10 @@ fn audio_of(base: &Path, entry: &str, allow_pipes: bool) -> Result<AudioRef, (Re
         return Ok(AudioRef::Pipe { command: cmd.trim().to_owned(), dir: base.to_path_buf() });
     }
     if entry.split_whitespace().count() > 1 {
-        return Err((Reason::MalformedLine, format!("a path with spaces is not a Kaldi entry: {entry:?}")));
+        return Err((
+            Reason::MalformedLine,
+            format!("a path with spaces is not a Kaldi entry: {entry:?}"),
+        ));
     }
     let is_ark = entry
         .rsplit_once(':')
@@ -104,8 +110,7 @@ pub fn read(dir: &Path, opts: &KaldiOptions) -> Result<Vec<ManifestRow>, InputEr
     let durs = table(dir, "utt2dur")?;
     let scp_origin = |n: usize| format!("{}:{n}", dir.join("wav.scp").display());
     // Recording id to its audio (or why it has none) and the wav.scp line.
-    let mut recordings: HashMap<String, (Result<AudioRef, (Reason, String)>, usize)> =
-        HashMap::new();
+    let mut recordings: HashMap<String, (ScpEntry, usize)> = HashMap::new();
     let mut order = Vec::new();
     for (n, l) in &scp {
         match key_rest(l) {
@@ -116,8 +121,8 @@ pub fn read(dir: &Path, opts: &KaldiOptions) -> Result<Vec<ManifestRow>, InputEr
             None => order.push((String::new(), *n)),
         }
     }
-    let make = |row: u64, utt: &str, audio: AudioRef, segment: Option<Segment>, duration| {
-        ManifestRow {
+    let make =
+        |row: u64, utt: &str, audio: AudioRef, segment: Option<Segment>, duration| ManifestRow {
             row,
             segment_id: Some(utt.to_owned()),
             text: texts.get(utt).cloned(),
@@ -127,8 +132,7 @@ pub fn read(dir: &Path, opts: &KaldiOptions) -> Result<Vec<ManifestRow>, InputEr
             audio: Some(audio),
             segment,
             ..Default::default()
-        }
-    };
+        };
     let dur_of = |utt: &str| durs.get(utt).and_then(|d| d.parse::<f64>().ok());
     let mut rows = Vec::new();
     match lines(dir, "segments")? {
@@ -145,7 +149,12 @@ pub fn read(dir: &Path, opts: &KaldiOptions) -> Result<Vec<ManifestRow>, InputEr
                         m.segment_id = Some(rec.clone());
                         m
                     }
-                    _ => malformed(row, origin.clone(), Reason::MalformedLine, "a recording id without a path".into()),
+                    _ => malformed(
+                        row,
+                        origin.clone(),
+                        Reason::MalformedLine,
+                        "a recording id without a path".into(),
+                    ),
                 };
                 rows.push(ManifestRow { origin: Some(origin), ..r });
             }
@@ -176,7 +185,12 @@ pub fn read(dir: &Path, opts: &KaldiOptions) -> Result<Vec<ManifestRow>, InputEr
                                 duration,
                             ),
                             Some((Err((reason, detail)), line)) => {
-                                let mut m = malformed(row, origin.clone(), *reason, format!("{detail} (wav.scp line {line})"));
+                                let mut m = malformed(
+                                    row,
+                                    origin.clone(),
+                                    *reason,
+                                    format!("{detail} (wav.scp line {line})"),
+                                );
                                 m.segment_id = Some(utt.to_owned());
                                 m
                             }

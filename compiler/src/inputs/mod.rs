@@ -128,7 +128,8 @@ impl Format {
     /// The layout of `paths`, told by their names and contents; an error when it cannot be.
     pub fn detect(paths: &[PathBuf], tarred: bool) -> Result<Format, InputError> {
         let first = paths.first().ok_or(InputError::NoInput)?;
-        let name = first.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+        let name =
+            first.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
         if first.is_dir() {
             if first.join("wav.scp").is_file() {
                 return Ok(Format::Kaldi);
@@ -193,7 +194,12 @@ impl InputError {
 
 /// A row for an entry that cannot be read: stage 1 drops it with `reason` and `detail`.
 pub(crate) fn malformed(row: u64, origin: String, reason: Reason, detail: String) -> ManifestRow {
-    ManifestRow { row, origin: Some(origin), malformed: Some((reason, detail)), ..Default::default() }
+    ManifestRow {
+        row,
+        origin: Some(origin),
+        malformed: Some((reason, detail)),
+        ..Default::default()
+    }
 }
 
 /// `path` resolved against `base` when relative.

@@ -120,8 +120,9 @@ pub fn read(
             let row = rows.len() as u64;
             let origin = format!("{}:{}", manifest.display(), n + 1);
             rows.push(
-                parse_line(&line, row, &base, &source, shards.as_deref(), tars)
-                    .unwrap_or_else(|detail| malformed(row, origin.clone(), Reason::MalformedLine, detail)),
+                parse_line(&line, row, &base, &source, shards.as_deref(), tars).unwrap_or_else(
+                    |detail| malformed(row, origin.clone(), Reason::MalformedLine, detail),
+                ),
             );
             if let Some(r) = rows.last_mut() {
                 r.origin = Some(origin);
@@ -188,7 +189,10 @@ fn tarred_member(
         Some(id) => {
             let i: usize = id.parse().map_err(|_| format!("`shard_id` is {id:?}, not a number"))?;
             shards.get(i).cloned().ok_or_else(|| {
-                format!("`shard_id` {i}, but --tarred-audio-filepaths names {} archives", shards.len())
+                format!(
+                    "`shard_id` {i}, but --tarred-audio-filepaths names {} archives",
+                    shards.len()
+                )
             })?
         }
         None => shards
@@ -221,7 +225,10 @@ mod tests {
     fn shard_patterns_expand_as_nemo_writes_them() {
         let got = expand_shards("d/audio__OP_0..2_CL_.tar").unwrap();
         assert_eq!(got, ["d/audio_0.tar", "d/audio_1.tar", "d/audio_2.tar"].map(PathBuf::from));
-        assert_eq!(expand_shards("a_{3..4}.tar").unwrap(), ["a_3.tar", "a_4.tar"].map(PathBuf::from));
+        assert_eq!(
+            expand_shards("a_{3..4}.tar").unwrap(),
+            ["a_3.tar", "a_4.tar"].map(PathBuf::from)
+        );
         assert_eq!(expand_shards("one.tar").unwrap(), [PathBuf::from("one.tar")]);
         assert!(expand_shards("a_{x..2}.tar").is_err());
         assert!(expand_shards("a_{2..1}.tar").is_err());

@@ -83,15 +83,18 @@ pub fn read_span(tar: &Path, span: Span) -> Result<Vec<u8>, Reject> {
     Ok(buf)
 }
 
+/// An archive's index, or why it has none, shared between threads.
+pub type Indexed = Arc<Result<TarIndex, TarError>>;
+
 /// Indexes shared by every thread of a compile: each archive is scanned once.
 #[derive(Debug, Default, Clone)]
 pub struct TarCache {
-    indexes: Arc<Mutex<HashMap<PathBuf, Arc<Result<TarIndex, TarError>>>>>,
+    indexes: Arc<Mutex<HashMap<PathBuf, Indexed>>>,
 }
 
 impl TarCache {
     /// The index of the archive at `path`, scanned on first use.
-    pub fn index(&self, path: &Path) -> Arc<Result<TarIndex, TarError>> {
+    pub fn index(&self, path: &Path) -> Indexed {
         // A poisoned lock only means another thread panicked while scanning; the map itself
         // is still consistent (entries are inserted whole).
         let mut map = self.indexes.lock().unwrap_or_else(|p| p.into_inner());

@@ -77,11 +77,16 @@ fn member_text(tar: &Path, span: super::Span) -> Result<String, String> {
         return Err(format!("a text member of {} bytes (more than 1 MiB)", span.size));
     }
     let bytes = read_span(tar, span).map_err(|r| r.detail().to_owned())?;
-    String::from_utf8(bytes).map_err(|e| format!("not UTF-8 at byte {}", e.utf8_error().valid_up_to()))
+    String::from_utf8(bytes)
+        .map_err(|e| format!("not UTF-8 at byte {}", e.utf8_error().valid_up_to()))
 }
 
 /// Reads every sample of every archive, in order.
-pub fn read(inputs: &[PathBuf], opts: &WdsOptions, tars: &TarCache) -> Result<Vec<ManifestRow>, InputError> {
+pub fn read(
+    inputs: &[PathBuf],
+    opts: &WdsOptions,
+    tars: &TarCache,
+) -> Result<Vec<ManifestRow>, InputError> {
     let source = opts
         .source
         .clone()
@@ -105,10 +110,17 @@ pub fn read(inputs: &[PathBuf], opts: &WdsOptions, tars: &TarCache) -> Result<Ve
 }
 
 /// One sample (its members) as a row.
-fn sample(tar: &Path, key: &str, members: &[(String, super::Span)], row: u64, source: &str) -> ManifestRow {
+fn sample(
+    tar: &Path,
+    key: &str,
+    members: &[(String, super::Span)],
+    row: u64,
+    source: &str,
+) -> ManifestRow {
     let origin = format!("{}:{key}", tar.display());
     let find = |exts: &[&str]| {
-        exts.iter().find_map(|e| members.iter().find(|(n, _)| split_key(n).1.eq_ignore_ascii_case(e)))
+        exts.iter()
+            .find_map(|e| members.iter().find(|(n, _)| split_key(n).1.eq_ignore_ascii_case(e)))
     };
     let Some((audio_name, audio_span)) = find(&AUDIO_EXTENSIONS) else {
         let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
@@ -160,7 +172,11 @@ fn sample(tar: &Path, key: &str, members: &[(String, super::Span)], row: u64, so
         text,
         lang,
         source: Some(source.to_owned()),
-        audio: Some(AudioRef::Member { tar: tar.to_path_buf(), member: audio_name.clone(), span: Some(*audio_span) }),
+        audio: Some(AudioRef::Member {
+            tar: tar.to_path_buf(),
+            member: audio_name.clone(),
+            span: Some(*audio_span),
+        }),
         origin: Some(origin),
         ..Default::default()
     }

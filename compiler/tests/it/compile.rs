@@ -70,7 +70,7 @@ fn the_example_compiles_with_every_row_accounted_for() {
         "reused_segment_id",
         "duplicate_audio",
         "truncated_flac",
-        "not_flac",
+        "unsupported_codec",
         "missing_file",
         "null_text",
         "empty_text",
@@ -91,7 +91,7 @@ fn the_example_compiles_with_every_row_accounted_for() {
     let find = |reason: &str| lines.iter().find(|l| l["reason"] == reason).unwrap().clone();
     assert_eq!(find("duplicate_audio")["segment_id"], "en-0001-copy");
     assert_eq!(find("duration_mismatch")["segment_id"], "en-0004");
-    assert_eq!(find("not_flac")["segment_id"], "broken-wav");
+    assert_eq!(find("unsupported_codec")["segment_id"], "broken-aiff");
     let retag = lines.iter().find(|l| l["segment_id"] == "ta-0003").unwrap();
     assert_eq!(retag["retag"]["method"], "script");
 

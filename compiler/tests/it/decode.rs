@@ -39,7 +39,10 @@ fn every_rate_channel_and_depth_decodes_exactly() {
                 let frames = rate / 4 + 37;
                 let src = signal(frames, channels, bits, rate as u64 + bits as u64);
                 let d = decode(encode(&src, channels, bits as usize, rate)).unwrap();
-                assert_eq!((d.rate, d.channels, d.bits), (rate as u32, channels as u32, Some(bits)));
+                assert_eq!(
+                    (d.rate, d.channels, d.bits),
+                    (rate as u32, channels as u32, Some(bits))
+                );
                 assert_eq!(d.samples.len(), frames, "{rate} Hz {channels} ch {bits} bit");
                 let scale = f64::from(1u32 << (bits - 1));
                 for (k, &got) in d.samples.iter().enumerate() {
@@ -125,7 +128,11 @@ fn broken_files_are_rejected_with_their_reason() {
         ("header only", good[..42].to_vec(), "truncated_flac"),
         // The codec is told by the bytes, not the name: a broken WAV named .flac is a broken WAV.
         ("wav renamed", wav, "corrupt_audio"),
-        ("ogg renamed", b"OggS\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00rest".to_vec(), "unsupported_codec"),
+        (
+            "ogg renamed",
+            b"OggS\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00rest".to_vec(),
+            "unsupported_codec",
+        ),
         ("empty file", Vec::new(), "unsupported_codec"),
         ("text file", b"this is not audio".to_vec(), "unsupported_codec"),
     ];
@@ -141,7 +148,7 @@ fn broken_files_are_rejected_with_their_reason() {
     assert!(matches!(missing, Reject::MissingFile(_)));
     let wav_reason = decode(b"RIFF\x24\x00\x00\x00WAVEfmt ".to_vec()).unwrap_err();
     assert!(
-        matches!(&wav_reason, Reject::CorruptAudio(d) if d.starts_with("WAV: the fmt chunk has 0 bytes")),
+        matches!(&wav_reason, Reject::TruncatedAudio(d) if d.starts_with("WAV: the file ends at byte 16")),
         "{wav_reason:?}"
     );
 }

@@ -7,6 +7,7 @@ mod codecs;
 mod compile;
 mod decode;
 mod flac_conformance;
+mod inputs;
 mod inspect_dump;
 mod lang_rules;
 mod manifest;

@@ -1,0 +1,248 @@
+//! Dataset layouts written by each ecosystem's own writer (`tests/data/inputs/`, made by its
+//! `make_fixtures.py`: NeMo-style manifests and tarred shards, webdataset's `TarWriter`, a Kaldi
+//! directory). The same four utterances, two of them segments of one long recording where the
+//! layout has segments, must compile to the same samples (the xxh3-64 the script computed from
+//! the exact samples), texts, languages and tokens in every layout. Bad entries are rows
+//! dropped with their reason and location, never a stopped compile.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use asr_corpus::Corpus;
+
+use super::{asrc, example};
+
+fn data() -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("tests/data/inputs")
+}
+
+fn arg(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Compiles `inputs` with `extra` options into `dir`; the corpus and the report lines.
+fn compile(dir: &Path, inputs: &[String], extra: &[&str]) -> (Corpus, Vec<serde_json::Value>) {
+    let out = dir.join("c.asrcorpus");
+    let model = example("spm.model");
+    let mut args: Vec<&str> = vec!["compile"];
+    args.extend(inputs.iter().map(String::as_str));
+    // The labels are kept as given: the script-based retagging knows Latin script as English.
+    args.extend(["--tokenizer", &model, "-o", out.to_str().unwrap(), "--quiet", "--no-retag"]);
+    args.extend(extra);
+    let o = asrc(&args);
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    let jsonl = std::fs::read_to_string(dir.join("c.asrcorpus.report.jsonl")).unwrap();
+    let lines = jsonl.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (Corpus::open(&out).unwrap(), lines)
+}
+
+/// Per transcript: (audio hash, language, tokens).
+type ByText = BTreeMap<String, (u64, String, Vec<u32>)>;
+
+/// The corpus's utterances by transcript.
+fn by_text(c: &Corpus) -> ByText {
+    (0..c.len())
+        .map(|i| {
+            let tokens = c.tokens(i);
+            let tokens = (0..tokens.len()).map(|j| tokens.get(j).unwrap()).collect();
+            let hash = asr_corpus::audio_hash(c.pcm(i));
+            (c.text(i).unwrap().1, (hash, c.language_code(i).to_owned(), tokens))
+        })
+        .collect()
+}
+
+#[test]
+fn every_layout_compiles_the_same_utterances() {
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data().join("expected.json")).unwrap()).unwrap();
+    let d = data();
+    let tarred = arg(&d.join("nemo_tarred/audio__OP_0..1_CL_.tar"));
+    let cases: Vec<(&str, Vec<String>, Vec<&str>)> = vec![
+        ("nemo", vec![arg(&d.join("nemo/manifest.json"))], vec![]),
+        (
+            "nemo-tarred",
+            vec![arg(&d.join("nemo_tarred/tarred_audio_manifest.json"))],
+            vec!["--tarred-audio-filepaths", &tarred],
+        ),
+        ("wds data.list", vec![arg(&d.join("wds/data.list"))], vec![]),
+        ("wds directory", vec![arg(&d.join("wds"))], vec![]),
+        (
+            "wds shards",
+            vec![arg(&d.join("wds/shard-000000.tar")), arg(&d.join("wds/shard-000001.tar"))],
+            vec![],
+        ),
+        ("kaldi", vec![arg(&d.join("kaldi"))], vec![]),
+    ];
+    let mut seen: Option<ByText> = None;
+    for (name, inputs, extra) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let (c, lines) = compile(tmp.path(), &inputs, &extra);
+        let dropped: Vec<_> = lines.iter().filter(|l| l["kind"] == "dropped").collect();
+        assert!(dropped.is_empty(), "{name}: {dropped:?}");
+        let got = by_text(&c);
+        assert_eq!(got.len(), 4, "{name}: {got:?}");
+        for (id, u) in expected["utterances"].as_object().unwrap() {
+            let text = u["text"].as_str().unwrap();
+            let (hash, lang, _) =
+                got.get(text).unwrap_or_else(|| panic!("{name}: no {id} ({text:?})"));
+            assert_eq!(*hash, u["xxh3_64"].as_u64().unwrap(), "{name}: {id}'s samples");
+            assert_eq!(lang, u["lang"].as_str().unwrap(), "{name}: {id}'s language");
+        }
+        if let Some(first) = &seen {
+            assert_eq!(first, &got, "{name}: differs from the first layout");
+        }
+        seen = Some(got);
+    }
+}
+
+/// Writes `name` in `dir` with `text`; its path as an argument.
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    arg(&p)
+}
+
+#[test]
+fn bad_nemo_lines_are_dropped_with_their_reason_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let audio = data().join("nemo/audio");
+    let utt1 = arg(&audio.join("utt1.flac"));
+    let long = arg(&audio.join("long.flac"));
+    let manifest = write(
+        tmp.path(),
+        "m.json",
+        &[
+            format!(r#"{{"audio_filepath": "{utt1}", "duration": 0.5625, "text": "hello world", "lang": "en"}}"#),
+            r#"{"audio_filepath": "#.to_owned(),
+            String::new(),
+            format!(r#"{{"audio_filepath": "{long}", "offset": 2.9, "duration": 0.5, "text": "guten tag", "lang": "de"}}"#),
+            format!(r#"{{"audio_filepath": "{long}", "offset": 5.0, "duration": 0.5, "text": "guten tag", "lang": "de"}}"#),
+            r#"{"audio_filepath": "nowhere.flac", "text": "hello", "lang": "en"}"#.to_owned(),
+            format!(r#"{{"audio_filepath": "{}", "text": "hello", "lang": "en"}}"#, arg(&data().join("../codecs/bad_not_audio.txt"))),
+        ]
+        .join("\n"),
+    );
+    let (c, lines) = compile(tmp.path(), std::slice::from_ref(&manifest), &[]);
+    assert_eq!(c.len(), 1);
+    let reasons: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["kind"] == "dropped")
+        .map(|l| (l["reason"].as_str().unwrap(), l["origin"].as_str().unwrap()))
+        .collect();
+    let at = |n: usize| format!("{manifest}:{n}");
+    assert_eq!(
+        reasons,
+        [
+            ("malformed_line", at(2).as_str()),
+            ("segment_beyond_end", at(4).as_str()),
+            ("segment_beyond_end", at(5).as_str()),
+            ("missing_file", at(6).as_str()),
+            ("unsupported_codec", at(7).as_str()),
+        ]
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("c.asrcorpus.report.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["rows"], 6, "the blank line is not a row");
+}
+
+#[test]
+fn a_member_missing_from_its_tar_is_a_counted_reject() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = data().join("nemo_tarred");
+    let manifest = write(
+        tmp.path(),
+        "m.json",
+        "{\"audio_filepath\": \"utt1.flac\", \"text\": \"hello world\", \"lang\": \"en\", \"shard_id\": 0}\n\
+         {\"audio_filepath\": \"utt9.flac\", \"text\": \"hello world\", \"lang\": \"en\", \"shard_id\": 1}\n\
+         {\"audio_filepath\": \"utt2.flac\", \"text\": \"hello\", \"lang\": \"en\", \"shard_id\": 7}\n",
+    );
+    let pattern = arg(&d.join("audio_{0..1}.tar"));
+    let (c, lines) = compile(
+        tmp.path(),
+        &[manifest],
+        &["--format", "nemo-tarred", "--tarred-audio-filepaths", &pattern],
+    );
+    assert_eq!(c.len(), 1);
+    assert_eq!(lines[0]["reason"], "missing_member");
+    assert_eq!(lines[0]["member"], "utt9.flac");
+    assert!(lines[0]["file"].as_str().unwrap().ends_with("audio_1.tar"), "{}", lines[0]);
+    assert_eq!(lines[1]["reason"], "malformed_line");
+    assert!(lines[1]["detail"].as_str().unwrap().contains("names 2 archives"), "{}", lines[1]);
+}
+
+#[test]
+fn kaldi_pipes_are_refused_unless_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The fixture's wav.scp and text, and a language for the utterance.
+    let dir = tmp.path().join("kaldi_pipe");
+    std::fs::create_dir(&dir).unwrap();
+    for f in ["wav.scp", "text"] {
+        std::fs::copy(data().join("kaldi_pipe").join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("utt2lang"), "utt1 en\n").unwrap();
+    let (c, lines) = compile(tmp.path(), &[arg(&dir)], &["--format", "kaldi"]);
+    assert_eq!(c.len(), 0);
+    assert_eq!(lines[0]["reason"], "pipe_refused");
+    assert!(lines[0]["detail"].as_str().unwrap().contains("--allow-pipes"));
+    // Run, the pipe's relative path resolves in --audio-root: sox writes the same samples.
+    let root = arg(&data().join("nemo"));
+    let (c, lines) = compile(tmp.path(), &[arg(&dir)], &["--allow-pipes", "--audio-root", &root]);
+    assert!(lines.iter().all(|l| l["kind"] != "dropped"), "{lines:?}");
+    assert_eq!(c.len(), 1);
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data().join("expected.json")).unwrap()).unwrap();
+    assert_eq!(asr_corpus::audio_hash(c.pcm(0)), expected["utterances"]["utt1"]["xxh3_64"]);
+}
+
+#[test]
+fn an_unknown_layout_is_refused_with_the_known_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let odd = write(tmp.path(), "data.csv", "a,b\n");
+    let model = example("spm.model");
+    let out = arg(&tmp.path().join("c.asrcorpus"));
+    let o = asrc(&["compile", &odd, "--tokenizer", &model, "-o", &out]);
+    super::refused(&o, "give --format: seed");
+    for known in ["nemo", "nemo-tarred", "wds", "kaldi"] {
+        assert!(String::from_utf8_lossy(&o.stderr).contains(known), "{known}");
+    }
+    let o = asrc(&["compile", &odd, "--format", "csv", "--tokenizer", &model, "-o", &out]);
+    assert_eq!(o.status.code(), Some(2));
+    let json = write(tmp.path(), "m.json", "");
+    let o = asrc(&["compile", &json, "--format", "nemo-tarred", "--tokenizer", &model, "-o", &out]);
+    super::refused(&o, "needs --tarred-audio-filepaths");
+}
+
+#[test]
+fn a_seed_row_whose_tar_path_exists_reads_its_member_in_place() {
+    use arrow::array::{ArrayRef, Float64Array, StringArray};
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let tar = arg(&data().join("nemo_tarred/audio_0.tar"));
+    let s = |v: [&str; 2]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+    let manifest = tmp.path().join("m.parquet");
+    super::manifest::write(
+        &manifest,
+        vec![
+            ("segment_id", s(["utt1", "utt9"])),
+            ("shard_id", s(["0", "0"])),
+            ("text", s(["<|en|> hello world", "<|en|> hello"])),
+            ("duration", Arc::new(Float64Array::from(vec![0.5625, 1.0]))),
+            ("lang", s(["en", "en"])),
+            ("tar_member_name", s(["utt1.flac", "utt9.flac"])),
+            ("tar_path", s([&tar, &tar])),
+            ("source", s(["t", "t"])),
+        ],
+    );
+    let (c, lines) = compile(tmp.path(), &[arg(&manifest)], &[]);
+    assert_eq!(c.len(), 1);
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data().join("expected.json")).unwrap()).unwrap();
+    assert_eq!(asr_corpus::audio_hash(c.pcm(0)), expected["utterances"]["utt1"]["xxh3_64"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (&lines[0]["reason"], &lines[0]["member"]),
+        (&"missing_member".into(), &"utt9.flac".into())
+    );
+}
