@@ -24,7 +24,9 @@ pub enum Command {
     /// NeMo JSON-lines manifests (nemo; `offset` cuts a segment), NeMo tarred manifests
     /// (nemo-tarred, with --tarred-audio-filepaths), WebDataset/WeNet tar shards (wds: .tar
     /// files, a directory of them or a data.list), a Kaldi data directory (kaldi: wav.scp, text,
-    /// segments, utt2lang), or the raw shard layout (--shards DIR).
+    /// segments, utt2lang), Hugging Face datasets parquet with the audio inside (hf: Common
+    /// Voice, FLEURS, ...), Lhotse cuts or recordings + supervisions (lhotse), or the raw shard
+    /// layout (--shards DIR).
     ///
     /// Rejected rows are data, not failures: each is listed with its reason in
     /// <CORPUS>.report.jsonl and counted in <CORPUS>.report.json, and the exit status is 0
@@ -40,7 +42,9 @@ pub enum Command {
         asrc compile tarred_audio_manifest.json --format nemo-tarred \\\n      \
         --tarred-audio-filepaths 'audio__OP_0..7_CL_.tar' --tokenizer spm.model -o c.asrcorpus\n  \
         asrc compile shards/data.list --tokenizer spm.model -o c.asrcorpus\n  \
-        asrc compile data/train --format kaldi --tokenizer spm.model -o c.asrcorpus\n\n\
+        asrc compile data/train --format kaldi --tokenizer spm.model -o c.asrcorpus\n  \
+        asrc compile cv/train-*.parquet --tokenizer spm.model -o c.asrcorpus\n  \
+        asrc compile cuts_train.jsonl.gz --tokenizer spm.model -o c.asrcorpus\n\n\
         Reasons a row is dropped: null_segment_id, duplicate_row, reused_segment_id,\n  \
         duplicate_audio, filtered_duration, filtered_quality, null_text, empty_text, no_language,\n  \
         no_audio_index, malformed_line, pipe_refused, missing_file, missing_member,\n  \
@@ -221,22 +225,43 @@ pub struct CompileArgs {
     /// The dataset: a seed parquet manifest (segment_id, shard_id, text, duration, lang,
     /// tar_member_name, tar_path, source; the audio is member tar_member_name of tar_path when
     /// that archive exists, else dirname(tar_path)/tar_member_name), NeMo manifests, WebDataset
-    /// shards or a list of them, or a Kaldi data directory (see --format).
+    /// shards or a list of them, a Kaldi data directory, Hugging Face parquet files, Lhotse
+    /// manifests (see --format).
     #[arg(value_name = "INPUT", value_hint = ValueHint::AnyPath, required_unless_present = "shards", conflicts_with = "shards")]
     pub inputs: Vec<PathBuf>,
-    /// The input's layout: seed, nemo, nemo-tarred, wds or kaldi (default: told from the
-    /// path: .parquet is seed, .json/.jsonl nemo (nemo-tarred with --tarred-audio-filepaths),
-    /// .tar/.list or a directory of .tar files wds, a directory with wav.scp kaldi).
+    /// The input's layout (default: told from the path: .parquet is hf when it has an audio
+    /// column of bytes, else seed; .jsonl.gz lhotse; .json/.jsonl nemo (nemo-tarred with
+    /// --tarred-audio-filepaths); .tar/.list or a directory of .tar files wds; a directory with
+    /// wav.scp kaldi).
     #[arg(long, value_enum)]
     pub format: Option<crate::inputs::Format>,
     /// NeMo tarred audio: the archives, in NeMo's pattern (`audio__OP_0..7_CL_.tar` or
     /// `audio_{0..7}.tar`); each manifest line's shard_id picks one.
     #[arg(long, value_name = "PATTERN")]
     pub tarred_audio_filepaths: Option<String>,
-    /// Run the `cmd |` entries of a Kaldi wav.scp (under sh -c, in the data directory); without
-    /// this they are dropped as pipe_refused.
+    /// Run the `cmd |` entries of a Kaldi wav.scp and Lhotse `command` sources (under sh -c, in
+    /// the data directory); without this they are dropped as pipe_refused.
     #[arg(long)]
     pub allow_pipes: bool,
+    /// Hugging Face parquet: the id column (default: the first of id, segment_id, utt_id, path,
+    /// audio_id; none: FILE:ROW).
+    #[arg(long, value_name = "COLUMN", help_heading = "Hugging Face parquet")]
+    pub id_column: Option<String>,
+    /// Hugging Face parquet: the transcript column (default: the first of text, sentence,
+    /// transcription, normalized_text, raw_transcription, transcript).
+    #[arg(long, value_name = "COLUMN", help_heading = "Hugging Face parquet")]
+    pub text_column: Option<String>,
+    /// Hugging Face parquet: the language column (default: the first of lang, language,
+    /// locale; codes or English names).
+    #[arg(long, value_name = "COLUMN", help_heading = "Hugging Face parquet")]
+    pub lang_column: Option<String>,
+    /// Hugging Face parquet: the duration column, seconds (default: duration, if present).
+    #[arg(long, value_name = "COLUMN", help_heading = "Hugging Face parquet")]
+    pub duration_column: Option<String>,
+    /// Hugging Face parquet: the audio column, a datasets Audio struct (bytes, path) or binary
+    /// (default: audio).
+    #[arg(long, value_name = "COLUMN", help_heading = "Hugging Face parquet")]
+    pub audio_column: Option<String>,
     /// Read the raw shard layout instead: every directory below DIR holding metadata.parquet
     /// and audio_index.parquet (joined on segment_id), with the FLAC files beside them.
     #[arg(long, value_name = "DIR", value_hint = ValueHint::DirPath)]

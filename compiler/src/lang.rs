@@ -4,7 +4,9 @@
 //!   all become `hi`); an unknown code is lower-cased and kept, and reported as unknown.
 //! - A transcript whose letters are mostly (at least [`SCRIPT_SHARE`]) in a script that belongs
 //!   to one language is tagged with that language whatever the label says: Tamil, Telugu,
-//!   Kannada, Malayalam, Gujarati, Gurmukhi (Punjabi), Oriya (Odia), and Latin (English).
+//!   Kannada, Malayalam, Gujarati, Gurmukhi (Punjabi), Oriya (Odia), and Latin (English, unless
+//!   the label is another language written in Latin script: French, German, Spanish, ... are
+//!   kept, as datasets such as Common Voice and FLEURS label them).
 //! - A script shared by several languages needs more: Devanagari (Hindi, Marathi, Nepali, ...)
 //!   goes through a statistical language identifier ([`whatlang`]); Bengali script (Bengali,
 //!   Assamese) through the letters only Assamese uses (ৰ, ৱ) against the letter only Bengali
@@ -22,6 +24,35 @@ pub const LID_CONFIDENCE: f64 = 0.9;
 /// Languages with their ISO 639-1 code, ISO 639-2/3 codes and English names (lower case).
 const LANGUAGES: &[(&str, &[&str])] = &[
     ("as", &["asm", "assamese"]),
+    ("ca", &["cat", "catalan"]),
+    ("cs", &["ces", "cze", "czech"]),
+    ("cy", &["cym", "wel", "welsh"]),
+    ("da", &["dan", "danish"]),
+    ("de", &["deu", "ger", "german"]),
+    ("es", &["spa", "spanish"]),
+    ("et", &["est", "estonian"]),
+    ("eu", &["eus", "baq", "basque"]),
+    ("fi", &["fin", "finnish"]),
+    ("fr", &["fra", "fre", "french"]),
+    ("ga", &["gle", "irish"]),
+    ("hr", &["hrv", "croatian"]),
+    ("hu", &["hun", "hungarian"]),
+    ("id", &["ind", "indonesian"]),
+    ("it", &["ita", "italian"]),
+    ("lt", &["lit", "lithuanian"]),
+    ("lv", &["lav", "latvian"]),
+    ("ms", &["msa", "may", "malay"]),
+    ("nl", &["nld", "dut", "dutch"]),
+    ("no", &["nor", "nob", "norwegian"]),
+    ("pl", &["pol", "polish"]),
+    ("pt", &["por", "portuguese"]),
+    ("ro", &["ron", "rum", "romanian"]),
+    ("sk", &["slk", "slo", "slovak"]),
+    ("sl", &["slv", "slovenian"]),
+    ("sv", &["swe", "swedish"]),
+    ("sw", &["swa", "swahili"]),
+    ("tr", &["tur", "turkish"]),
+    ("vi", &["vie", "vietnamese"]),
     ("bn", &["ben", "bengali", "bangla"]),
     ("en", &["eng", "english"]),
     ("gu", &["guj", "gujarati"]),
@@ -37,6 +68,13 @@ const LANGUAGES: &[(&str, &[&str])] = &[
     ("ta", &["tam", "tamil"]),
     ("te", &["tel", "telugu"]),
     ("ur", &["urd", "urdu"]),
+];
+
+/// The known languages written in Latin script besides English: a Latin transcript keeps these
+/// labels.
+const LATIN_LANGUAGES: &[&str] = &[
+    "ca", "cs", "cy", "da", "de", "es", "et", "eu", "fi", "fr", "ga", "hr", "hu", "id", "it", "lt",
+    "lv", "ms", "nl", "no", "pl", "pt", "ro", "sk", "sl", "sv", "sw", "tr", "vi",
 ];
 
 /// A normalised language code.
@@ -215,6 +253,11 @@ pub fn decide(label: &str, text: &str) -> Decision {
         confidence,
         script: Some((script, share)),
     };
+    // A label that is another language written in Latin script stands: Latin does not decide
+    // between them.
+    if script == Script::Latin && LATIN_LANGUAGES.contains(&label) {
+        return keep(Some((script, share)), share);
+    }
     if let Some(lang) = script.sole_language() {
         return decided(lang, Method::Script, share);
     }

@@ -120,7 +120,7 @@ impl ManifestRow {
             self.duration.map(|d| d.to_string()).unwrap_or_default(),
             self.quality.map(|q| q.to_string()).unwrap_or_default(),
             self.audio_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
-            self.audio.as_ref().map(|a| format!("{a:?}")).unwrap_or_default(),
+            self.audio.as_ref().map(AudioRef::key).unwrap_or_default(),
             self.segment.map(|s| format!("{s:?}")).unwrap_or_default(),
         ]
     }

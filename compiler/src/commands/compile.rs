@@ -61,6 +61,13 @@ fn options(args: &CompileArgs) -> anyhow::Result<CompileOptions> {
         o.source = Some(s.clone());
     }
     o.tarred_audio_filepaths = args.tarred_audio_filepaths.clone();
+    o.columns = crate::inputs::hf::HfColumns {
+        id: args.id_column.clone(),
+        text: args.text_column.clone(),
+        lang: args.lang_column.clone(),
+        duration: args.duration_column.clone(),
+        audio: args.audio_column.clone(),
+    };
     o.allow_pipes = args.allow_pipes;
     if let Some(f) = args.max_reject_fraction {
         anyhow::ensure!(

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::CompileError;
 use crate::audio::decode::Decoder;
+use crate::inputs::hf::HfColumns;
 use crate::inputs::Format;
 use crate::tokenize::LangPrefix;
 
@@ -18,7 +19,7 @@ pub enum Input {
     /// A directory of raw shards (`metadata.parquet` + `audio_index.parquet` each).
     Shards(PathBuf),
     /// Another dataset layout (`inputs`): NeMo manifests, NeMo tarred, WebDataset shards, a
-    /// Kaldi directory.
+    /// Kaldi directory, Hugging Face parquet, Lhotse manifests.
     Dataset {
         /// The layout.
         format: Format,
@@ -91,8 +92,10 @@ pub struct CompileOptions {
     pub source: Option<String>,
     /// NeMo tarred audio pattern (`--tarred-audio-filepaths`).
     pub tarred_audio_filepaths: Option<String>,
-    /// Whether Kaldi `cmd |` entries are run.
+    /// Whether Kaldi `cmd |` entries and Lhotse `command` sources are run.
     pub allow_pipes: bool,
+    /// Column choices of a Hugging Face parquet input.
+    pub columns: HfColumns,
 }
 
 impl CompileOptions {
@@ -128,6 +131,7 @@ impl CompileOptions {
             source: None,
             tarred_audio_filepaths: None,
             allow_pipes: false,
+            columns: HfColumns::default(),
         }
     }
 

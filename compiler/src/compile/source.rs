@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
-use crate::inputs::{kaldi, nemo, wds, Format, TarCache};
+use crate::inputs::{hf, kaldi, lhotse, nemo, wds, Format, TarCache};
 use crate::manifest::{ManifestReader, ManifestRow};
 use crate::shards::ShardsReader;
 
@@ -13,6 +13,8 @@ use super::{CompileError, CompileOptions, Input};
 enum Reader {
     Manifest(ManifestReader),
     Shards(ShardsReader),
+    /// Hugging Face parquet, streamed in record batches (the audio is inside).
+    Hf(hf::HfReader),
     /// A layout read whole when it opens (text and tar headers; the audio is read later).
     Rows(VecDeque<ManifestRow>),
 }
@@ -42,12 +44,30 @@ impl Source {
             Input::Shards(p) => {
                 (Reader::Shards(ShardsReader::open(p, chunk_rows, &opts.shard_source)?), p.clone())
             }
+            Input::Dataset { format: Format::Hf, paths } => {
+                let o = hf::HfOptions {
+                    columns: opts.columns.clone(),
+                    audio_root: opts.audio_root.clone(),
+                    source: opts.source.clone(),
+                };
+                (Reader::Hf(hf::HfReader::open(paths, &o, chunk_rows)?), PathBuf::new())
+            }
             Input::Dataset { format, paths } => {
                 let rows = match format {
-                    Format::Seed => {
+                    Format::Seed | Format::Hf => {
                         return Err(CompileError::Options(
-                            "the seed manifest is Input::Manifest, not a dataset layout".into(),
+                            "the seed manifest is Input::Manifest, and Hugging Face parquet is \
+                             streamed: neither is read whole"
+                                .into(),
                         ))
+                    }
+                    Format::Lhotse => {
+                        let o = lhotse::LhotseOptions {
+                            audio_root: opts.audio_root.clone(),
+                            source: opts.source.clone(),
+                            allow_pipes: opts.allow_pipes,
+                        };
+                        lhotse::read(paths, &o)?
                     }
                     Format::Nemo | Format::NemoTarred => {
                         let o = nemo::NemoOptions {
@@ -82,6 +102,7 @@ impl Source {
         let rows = match &reader {
             Reader::Manifest(r) => r.rows,
             Reader::Shards(r) => r.rows,
+            Reader::Hf(r) => r.rows,
             Reader::Rows(r) => r.len() as u64,
         };
         Ok(Source { reader, exhausted: false, rows, default_audio_base })
@@ -118,6 +139,10 @@ impl Source {
             let next = match &mut self.reader {
                 Reader::Manifest(r) => r.next_chunk(),
                 Reader::Shards(r) => r.next_chunk(),
+                Reader::Hf(r) => match r.next_chunk() {
+                    None => None,
+                    Some(batch) => Some(Ok(batch?)),
+                },
                 Reader::Rows(_) => None,
             };
             match next {

@@ -9,12 +9,15 @@
 //! entry that cannot be read is a row too, marked `malformed`, which stage 1 drops with its
 //! reason and location: a bad record is data, never the end of the compile.
 
+pub mod hf;
 pub mod kaldi;
+pub mod lhotse;
 pub mod nemo;
 pub mod tar;
 pub mod wds;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::audio::decode::Reject;
 use crate::manifest::ManifestRow;
@@ -36,6 +39,8 @@ pub enum AudioRef {
         /// Where its bytes are, when known.
         span: Option<Span>,
     },
+    /// Bytes held in the input itself (a Hugging Face `Audio` column).
+    Bytes(Arc<[u8]>),
     /// The standard output of a shell command run in `dir` (a Kaldi `wav.scp` pipe entry,
     /// with `--allow-pipes`).
     Pipe {
@@ -54,6 +59,20 @@ impl AudioRef {
             AudioRef::Member { tar, member: _, span: Some(span) } => tar::read_span(tar, *span),
             AudioRef::Member { tar, member, span: None } => tars.read_member(tar, member),
             AudioRef::Pipe { command, dir } => run_pipe(command, dir),
+            AudioRef::Bytes(b) => Ok(b.to_vec()),
+        }
+    }
+
+    /// A short text naming the audio, for exact-duplicate row detection (inline bytes by
+    /// length and hash, not by content).
+    pub fn key(&self) -> String {
+        match self {
+            AudioRef::File(p) => p.display().to_string(),
+            AudioRef::Member { tar, member, .. } => format!("{}:{member}", tar.display()),
+            AudioRef::Pipe { command, dir } => format!("{} | {command}", dir.display()),
+            AudioRef::Bytes(b) => {
+                format!("{} bytes, xxh3 {:016x}", b.len(), xxhash_rust::xxh3::xxh3_64(b))
+            }
         }
     }
 
@@ -61,7 +80,7 @@ impl AudioRef {
     pub fn file(&self) -> Option<&Path> {
         match self {
             AudioRef::File(p) | AudioRef::Member { tar: p, .. } => Some(p),
-            AudioRef::Pipe { .. } => None,
+            AudioRef::Pipe { .. } | AudioRef::Bytes(_) => None,
         }
     }
 
@@ -111,6 +130,10 @@ pub enum Format {
     /// A Kaldi data directory: `wav.scp`, `text`, and `segments`, `utt2lang`, `utt2dur` when
     /// present.
     Kaldi,
+    /// Hugging Face datasets parquet, the audio inside (Common Voice, FLEURS, ...).
+    Hf,
+    /// Lhotse manifests: a cut set, or recordings with supervisions (`.jsonl` or `.jsonl.gz`).
+    Lhotse,
 }
 
 impl Format {
@@ -122,6 +145,8 @@ impl Format {
             Format::NemoTarred => "nemo-tarred",
             Format::Wds => "wds",
             Format::Kaldi => "kaldi",
+            Format::Hf => "hf",
+            Format::Lhotse => "lhotse",
         }
     }
 
@@ -138,7 +163,11 @@ impl Format {
                 return Ok(Format::Wds);
             }
         } else if name.ends_with(".parquet") {
-            return Ok(Format::Seed);
+            let schema = hf::schema_of(first)?;
+            return Ok(if hf::looks_like_hf(&schema) { Format::Hf } else { Format::Seed });
+        } else if name.ends_with(".jsonl.gz") || (name.contains("cuts") && name.ends_with(".jsonl"))
+        {
+            return Ok(Format::Lhotse);
         } else if name.ends_with(".json") || name.ends_with(".jsonl") {
             return Ok(if tarred { Format::NemoTarred } else { Format::Nemo });
         } else if name.ends_with(".tar") || name.ends_with(".list") {
@@ -159,7 +188,8 @@ pub enum InputError {
         "cannot tell the input layout of {path}; give --format: seed (parquet manifest), nemo \
          (JSON-lines manifests), nemo-tarred (with --tarred-audio-filepaths), wds (WebDataset \
          tar shards, a directory of them or a data.list), kaldi (a data directory with wav.scp), \
-         or --shards DIR for the raw shard layout"
+         hf (Hugging Face datasets parquet), lhotse (cuts, or recordings and supervisions, \
+         .jsonl.gz), or --shards DIR for the raw shard layout"
     )]
     UnknownFormat {
         /// The first input path.

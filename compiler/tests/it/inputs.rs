@@ -73,6 +73,17 @@ fn every_layout_compiles_the_same_utterances() {
             vec![],
         ),
         ("kaldi", vec![arg(&d.join("kaldi"))], vec![]),
+        ("hf common voice", vec![arg(&d.join("hf/cv_style.parquet"))], vec![]),
+        ("hf fleurs", vec![arg(&d.join("hf/fleurs_style.parquet"))], vec![]),
+        ("lhotse cuts", vec![arg(&d.join("lhotse/cuts.jsonl.gz"))], vec![]),
+        (
+            "lhotse recordings and supervisions",
+            vec![
+                arg(&d.join("lhotse/recordings.jsonl.gz")),
+                arg(&d.join("lhotse/supervisions.jsonl.gz")),
+            ],
+            vec![],
+        ),
     ];
     let mut seen: Option<ByText> = None;
     for (name, inputs, extra) in cases {
@@ -244,5 +255,69 @@ fn a_seed_row_whose_tar_path_exists_reads_its_member_in_place() {
     assert_eq!(
         (&lines[0]["reason"], &lines[0]["member"]),
         (&"missing_member".into(), &"utt9.flac".into())
+    );
+}
+
+#[test]
+fn a_parquet_file_without_the_named_columns_is_refused_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cv = arg(&data().join("hf/cv_style.parquet"));
+    let model = example("spm.model");
+    let out = arg(&tmp.path().join("c.asrcorpus"));
+    let o = asrc(&["compile", &cv, "--audio-column", "wave", "--tokenizer", &model, "-o", &out]);
+    super::refused(
+        &o,
+        "no audio column `wave` (--audio-column); columns: id, sentence, locale, audio",
+    );
+    let o = asrc(&["compile", &cv, "--text-column", "words", "--tokenizer", &model, "-o", &out]);
+    super::refused(&o, "no column `words`");
+}
+
+#[test]
+fn lhotse_cuts_it_cannot_read_are_named_rejects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let audio = arg(&data().join("lhotse/audio/long.flac"));
+    let rec = |sources: &str, channels: &str| {
+        format!(
+            r#""recording": {{"id": "long", "sources": [{sources}], "sampling_rate": 16000, "num_samples": 48000, "duration": 3.0, "channel_ids": {channels}}}"#
+        )
+    };
+    let file = format!(r#"{{"type": "file", "channels": [0], "source": "{audio}"}}"#);
+    let sup = r#""supervisions": [{"id": "s", "recording_id": "long", "start": 0.5, "duration": 0.625, "text": "bonjour le monde", "language": "fr"}]"#;
+    let cut = |extra: &str| {
+        format!(
+            r#"{{"id": "c", "start": 0.5, "duration": 0.625, "channel": 0, {sup}, {extra}, "type": "MonoCut"}}"#
+        )
+    };
+    let lines = [
+        cut(&rec(&file, "[0]")),
+        cut(&rec(&format!("{file}, {file}"), "[0, 1]")),
+        cut(&rec(&file, "[0, 1]")),
+        cut(&rec(
+            r#"{"type": "url", "channels": [0], "source": "https://example.com/a.flac"}"#,
+            "[0]",
+        )),
+        cut(&rec(r#"{"type": "command", "channels": [0], "source": "cat a.flac"}"#, "[0]")),
+        r#"{"id": "m", "type": "MixedCut", "tracks": []}"#.to_owned(),
+        "{\"id\": ".to_owned(),
+    ];
+    let manifest = write(tmp.path(), "cuts.jsonl", &lines.join("\n"));
+    let (c, entries) = compile(tmp.path(), &[manifest], &[]);
+    assert_eq!(c.len(), 1);
+    let reasons: Vec<&str> = entries
+        .iter()
+        .filter(|l| l["kind"] == "dropped")
+        .map(|l| l["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "unsupported_audio",
+            "unsupported_audio",
+            "missing_file",
+            "pipe_refused",
+            "unsupported_audio",
+            "malformed_line"
+        ]
     );
 }

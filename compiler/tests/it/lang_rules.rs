@@ -114,3 +114,18 @@ fn devanagari_uses_language_identification_and_keeps_unconfident_labels() {
     let d = decide("ta", hindi[0]);
     assert!(d.retagged && ["hi", "mr", "ne"].contains(&d.language.as_str()), "{d:?}");
 }
+
+#[test]
+fn latin_script_keeps_a_label_of_another_latin_language() {
+    // FLEURS and Common Voice label French, German, ...: Latin script does not decide between
+    // them, so the label stands; a label of another script still becomes English.
+    for (label, text) in [("fr", "bonjour le monde"), ("de", "guten Tag"), ("es", "¿qué tal?")] {
+        let d = decide(label, text);
+        assert_eq!((d.language.as_str(), d.retagged), (label, false), "{label}");
+    }
+    let d = decide("hi", "hello world");
+    assert_eq!((d.language.as_str(), d.retagged), ("en", true));
+    assert_eq!(normalize("French").code, "fr");
+    assert_eq!(normalize("de-DE").code, "de");
+    assert!(normalize("German").known);
+}
