@@ -26,5 +26,11 @@ if ! python3 -c 'import numpy, zstandard, xxhash' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check -r format-spec/reference/requirements.txt
 fi
 
+# TensorBoard's own event-file reader checks the event files asrt writes (trainer tests).
+if ! python3 -c 'import tensorboard' 2>/dev/null; then
+  echo "setup: installing TensorBoard (its reader checks asrt's event files)"
+  python3 -m pip install --quiet --disable-pip-version-check tensorboard
+fi
+
 command -v cargo >/dev/null || { echo "setup: cargo not found; install a Rust toolchain" >&2; exit 1; }
 echo "setup: ok"

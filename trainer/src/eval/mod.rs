@@ -72,6 +72,8 @@ pub struct Decoded {
     pub reference: String,
     /// Hypothesis text.
     pub hypothesis: String,
+    /// Hypothesis token ids (the tokenizer's ids; the blank is not among them).
+    pub tokens: Vec<u32>,
 }
 
 /// Evaluation results.
@@ -160,7 +162,8 @@ pub fn evaluate<B: Backend>(
             let language = corpus.language_code(i).to_owned();
             out.languages.entry(language.clone()).or_default().add(&reference, &hypothesis);
             out.overall.add(&reference, &hypothesis);
-            out.utterances.push(Decoded { index: i, language, reference, hypothesis });
+            let tokens = h.tokens.iter().map(|&t| t as u32).collect();
+            out.utterances.push(Decoded { index: i, language, reference, hypothesis, tokens });
         }
         start = end;
     }

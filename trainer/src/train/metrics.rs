@@ -1,10 +1,13 @@
-//! Training metrics: one JSON line per optimizer step, and a loss-curve plot (SVG) beside them.
+//! Training metrics: one JSON line per optimizer step, the same steps as TensorBoard scalars,
+//! and a loss-curve plot (SVG) beside them.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use super::tensorboard::EventWriter;
 
 /// One optimizer step's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +60,37 @@ pub struct MetricsLog {
     path: PathBuf,
     file: std::fs::File,
     losses: Vec<(u64, f64)>,
+    /// The TensorBoard event file beside the metrics.
+    events: EventWriter,
+}
+
+/// The scalars of a step as TensorBoard shows them: NeMo's names (`train_loss`,
+/// `learning_rate`, `global_step`, `val_wer`), then ours.
+pub fn tensorboard_scalars(m: &StepMetrics) -> Vec<(&'static str, f32)> {
+    let mut s = Vec::new();
+    if m.loss.is_finite() {
+        s.push(("train_loss", m.loss as f32));
+    }
+    s.push(("learning_rate", m.lr as f32));
+    s.push(("global_step", m.step as f32));
+    s.push(("grad_norm", m.grad_norm as f32));
+    s.push(("audio_seconds_per_second", m.audio_seconds_per_second as f32));
+    let (wait, busy) = m
+        .ranks
+        .iter()
+        .fold((0.0, 0.0), |(w, b), r| (w + r.wait_seconds, b + r.wait_seconds + r.step_seconds));
+    if busy > 0.0 {
+        s.push(("data_wait_share", (wait / busy) as f32));
+    }
+    s.push(("skipped", if m.skipped { 1.0 } else { 0.0 }));
+    if let Some(v) = &m.validation {
+        for (key, tag) in [("wer", "val_wer"), ("cer", "val_cer")] {
+            if let Some(x) = v.get(key).and_then(serde_json::Value::as_f64) {
+                s.push((tag, x as f32));
+            }
+        }
+    }
+    s
 }
 
 impl MetricsLog {
@@ -89,13 +123,15 @@ impl MetricsLog {
         for line in kept {
             writeln!(file, "{line}")?;
         }
-        Ok(MetricsLog { path, file, losses })
+        let events = EventWriter::create(dir)?;
+        Ok(MetricsLog { path, file, losses, events })
     }
 
-    /// Appends a step.
+    /// Appends a step, to the metrics and to the TensorBoard events.
     pub fn push(&mut self, m: &StepMetrics) -> std::io::Result<()> {
         serde_json::to_writer(&mut self.file, m)?;
         self.file.write_all(b"\n")?;
+        self.events.scalars(m.step, &tensorboard_scalars(m))?;
         if m.loss.is_finite() {
             self.losses.push((m.step, m.loss));
         }

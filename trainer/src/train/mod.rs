@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod out_of_memory;
 pub mod parallel;
 pub mod run;
+pub mod tensorboard;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

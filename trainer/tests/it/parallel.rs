@@ -217,6 +217,46 @@ fn a_run_resumed_on_another_world_size_trains_the_epoch_s_utterances_as_often() 
     assert_eq!(metrics[..2].iter().map(|m| m.world_size).collect::<Vec<_>>(), [2, 2]);
     assert!(metrics[2..].iter().all(|m| m.world_size == 3 && m.ranks.len() == 3));
     assert_eq!(uses(&metrics, 0), reference, "epoch 0 after a 2 -> 3 rank resume");
+    tensorboard_agrees(&dir.path().join("split"), &metrics);
+}
+
+/// TensorBoard's own reader (`EventAccumulator`, pip's `tensorboard`) finds every step's loss,
+/// learning rate and gradient norm in the event files beside the metrics: the value of the
+/// last file that has the step (a resumed run writes a new file), as f32.
+fn tensorboard_agrees(out: &Path, metrics: &[StepMetrics]) {
+    let script = "import json, sys\n\
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n\
+        ea = EventAccumulator(sys.argv[1], purge_orphaned_data=False)\n\
+        ea.Reload()\n\
+        print(json.dumps({t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags()['scalars']}))\n";
+    let probe = std::process::Command::new("python3").args(["-c", "import tensorboard"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: TensorBoard's reader (pip install tensorboard) is not installed");
+        return;
+    }
+    let o = std::process::Command::new("python3")
+        .args(["-c", script, out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tags: BTreeMap<String, Vec<(u64, f32)>> = serde_json::from_slice(&o.stdout).unwrap();
+    let last = |tag: &str, step: u64| {
+        tags.get(tag)
+            .unwrap_or_else(|| panic!("no {tag} in {:?}", tags.keys()))
+            .iter()
+            .rev()
+            .find(|(s, _)| *s == step)
+            .map(|p| p.1)
+            .unwrap_or_else(|| panic!("no {tag} at step {step}"))
+    };
+    for m in metrics {
+        assert_eq!(last("train_loss", m.step), m.loss as f32, "step {}", m.step);
+        assert_eq!(last("learning_rate", m.step), m.lr as f32, "step {}", m.step);
+        assert_eq!(last("grad_norm", m.step), m.grad_norm as f32, "step {}", m.step);
+        assert_eq!(last("global_step", m.step), m.step as f32);
+    }
+    let wait = &tags["data_wait_share"];
+    assert!(wait.iter().all(|(_, w)| (0.0..=1.0).contains(w)), "{wait:?}");
 }
 
 fn asrt(args: &[&str], env: &[(&str, String)]) -> std::process::Child {
