@@ -95,6 +95,67 @@ pub enum Command {
   \
         asrt export runs/ft/checkpoints/step-00002000 -o ft-2000.nemo --tokenizer train.asrcorpus")]
     Export(ExportArgs),
+    /// Transcribe audio with a model: audio files (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, told
+    /// by their bytes), directories of them, NeMo manifests or corpora.
+    ///
+    /// Writes NeMo-style JSON lines (default): the input's fields (a manifest line's, or
+    /// audio_filepath and duration), pred_text, the token ids, and token, word and segment
+    /// times in seconds and encoder frames from the TDT durations, as NeMo's
+    /// transcribe(timestamps=True) gives them; or plain text, or SRT subtitles. With references
+    /// (a manifest's text, a corpus) WER and CER are printed. Audio is decoded, segmented
+    /// (manifest offset and duration) and resampled exactly as asrc compile does it. A file that
+    /// cannot be read is reported and the others are transcribed; the exit status is then 1.
+    /// Audio longer than --max-seconds is refused, not chunked: the encoder attends over the
+    /// whole utterance, so memory grows with the square of its length.
+    #[command(after_help = "Examples:\n  \
+        asrt transcribe call.wav --checkpoint runs/ft\n  \
+        asrt transcribe recordings/ --checkpoint model.nemo -o transcripts.jsonl\n  \
+        asrt transcribe test_manifest.json --checkpoint runs/ft --device cuda:0\n  \
+        asrt transcribe talk.mp3 --checkpoint runs/ft --format srt > talk.srt")]
+    Transcribe(TranscribeArgs),
+}
+
+/// What `asrt transcribe` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TranscriptFormat {
+    /// One JSON object per input, NeMo's manifest style, with timestamps.
+    Jsonl,
+    /// The text alone (with several inputs: NAME<TAB>TEXT).
+    Text,
+    /// SubRip subtitles, one cue per segment (several inputs: one file each in --output DIR).
+    Srt,
+}
+
+/// Arguments of `asrt transcribe`.
+#[derive(Debug, Clone, Args)]
+pub struct TranscribeArgs {
+    /// Audio files, directories (searched for .flac .wav .mp3 .ogg .opus .oga), NeMo manifests
+    /// (.json/.jsonl: audio_filepath, offset, duration, text), or corpora (.asrcorpus).
+    #[arg(value_name = "INPUT", required = true, value_hint = ValueHint::AnyPath)]
+    pub inputs: Vec<PathBuf>,
+    /// A checkpoint directory, a training output directory (its newest checkpoint), a model
+    /// directory written by `asrt import`, or a `.nemo` file.
+    #[arg(long, value_name = "MODEL", value_hint = ValueHint::AnyPath)]
+    pub checkpoint: PathBuf,
+    /// The tokenizer (a .model, a .nemo or a corpus), when the model carries none (default:
+    /// the checkpoint's first corpus's); checked against the model's by hash and size.
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]
+    pub tokenizer: Option<PathBuf>,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = TranscriptFormat::Jsonl)]
+    pub format: TranscriptFormat,
+    /// Write here instead of standard output (a directory for --format srt).
+    #[arg(short, long, value_name = "PATH", value_hint = ValueHint::AnyPath)]
+    pub output: Option<PathBuf>,
+    /// Audio seconds per decoding batch.
+    #[arg(long, default_value_t = 60.0)]
+    pub batch_seconds: f64,
+    /// Longest input taken, in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub max_seconds: f64,
+    /// Where to decode (one device).
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Arguments of `asrt import`.

@@ -25,11 +25,13 @@ use crate::config::TrainConfig;
 use crate::cuda_env::CudaEnvError;
 use crate::eval::{evaluate_source, EvalError, Evaluation};
 use crate::kernel_cache::{KernelCache, KernelCacheError};
-use crate::model_source::ModelSource;
+use crate::model_source::{Expected, ModelSource, TokenizerId};
+use crate::tokenizer::Pieces;
 use crate::train::metrics::StepMetrics;
 use crate::train::parallel::DeviceAllReduce;
 use crate::train::run::{run_ranks, ProcessGroup, RunOptions, RunSummary};
 use crate::train::TrainError;
+use crate::transcribe::{transcribe, Item, TranscribeError, TranscribeOptions, Transcript};
 use asr_tdt::op::TdtBackend;
 
 /// One device.
@@ -384,6 +386,54 @@ impl OnBackend for EvalOn<'_> {
             self.limit,
             self.batch_seconds,
             &device,
+        )
+    }
+}
+
+/// Transcription with the model of `source` ([`transcribe`]): the model loaded on the device,
+/// the tokenizer (given, or the model's own) checked against the model's by hash and size.
+pub struct TranscribeOn<'a> {
+    /// The model.
+    pub source: &'a ModelSource,
+    /// The tokenizer, when the model does not carry one (a checkpoint) or another is given.
+    pub tokenizer: Option<&'a [u8]>,
+    /// What to transcribe.
+    pub items: &'a [Item],
+    /// The corpora the items name.
+    pub corpora: &'a [Corpus],
+    /// Batching and limits.
+    pub opts: TranscribeOptions,
+    /// Called with each transcript, in input order.
+    pub emit: &'a mut dyn FnMut(Transcript),
+}
+
+impl OnBackend for TranscribeOn<'_> {
+    type Output = Result<(), TranscribeError>;
+
+    fn run<B>(self, devices: Vec<B::Device>) -> Self::Output
+    where
+        B: AutodiffBackend + TdtBackend,
+        B::InnerBackend: DeviceAllReduce,
+    {
+        let device = devices.into_iter().next().ok_or(EvalError::NoDevice)?;
+        let loaded = self.source.load::<B::InnerBackend>(None, false, &device)?;
+        let tokenizer = match (self.tokenizer, loaded.tokenizer_model) {
+            (Some(t), _) => t.to_vec(),
+            (None, Some(t)) => t,
+            (None, None) => return Err(TranscribeError::NoTokenizer),
+        };
+        let pieces = Pieces::parse(&tokenizer)?;
+        let id = TokenizerId { xxh3: crate::nemo::tokenizer_hash(&tokenizer), vocab: pieces.len() };
+        self.source.check_tokenizer(&loaded.info, &id, Expected::Given)?;
+        transcribe(
+            &loaded.model,
+            &loaded.info.model,
+            &pieces,
+            self.items,
+            self.corpora,
+            &self.opts,
+            &device,
+            self.emit,
         )
     }
 }

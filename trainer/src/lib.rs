@@ -30,11 +30,15 @@ pub mod model_source;
 pub mod nemo;
 mod tokenizer;
 mod train;
+mod transcribe;
 
 use std::process::ExitCode;
 
 // The command line.
-pub use cli::{Cli, Command, EvalArgs, ExportArgs, ImportArgs, PlanArgs, SamplerArgs, TrainArgs};
+pub use cli::{
+    Cli, Command, EvalArgs, ExportArgs, ImportArgs, PlanArgs, SamplerArgs, TrainArgs,
+    TranscribeArgs, TranscriptFormat,
+};
 // Configuration.
 pub use config::{ConfigError, LoopConfig, OptimConfig, TrainConfig};
 // The batch plan, its report, and the loader.
@@ -64,6 +68,11 @@ pub use model::greedy::{BurnGreedy, DeviceState};
 pub use model::mel::{unpack_pcm, MelFrontend};
 pub use model::{ModelConfig, TdtModel};
 pub use tokenizer::{Pieces, TokenizerError};
+// Transcription: NeMo's token, word and segment times.
+pub use transcribe::timestamps::{
+    compute as transcript_timestamps, text as transcript_text, vocabulary_punctuation, FrameTime,
+    Span, Timestamps, TokenTime,
+};
 // Where work runs: devices, the backend dispatcher, the CPU entry points.
 pub use device::{
     dispatch, evaluate_model_cpu, run_cpu, run_cpu_ranks, Device, DeviceArgs, DeviceError, Devices,
@@ -90,5 +99,6 @@ pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {
         Command::Eval(args) => commands::eval::run(args),
         Command::Import(args) => commands::nemo::import(args),
         Command::Export(args) => commands::nemo::export(args),
+        Command::Transcribe(args) => commands::transcribe::run(args),
     }
 }

@@ -4,3 +4,4 @@ pub mod eval;
 pub mod nemo;
 pub mod plan;
 pub mod train;
+pub mod transcribe;

@@ -55,7 +55,7 @@ pub fn import(args: &ImportArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The tokenizer model bytes of a corpus, a `.nemo` or a SentencePiece model file.
-fn tokenizer_from(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn tokenizer_from(path: &Path) -> anyhow::Result<Vec<u8>> {
     let ext = path.extension().map(|e| e.to_string_lossy().to_lowercase()).unwrap_or_default();
     Ok(match ext.as_str() {
         "nemo" => asr_nemo::Archive::open(path)?.tokenizer_model()?.to_vec(),

@@ -15,7 +15,7 @@ use crate::model::mel::MelFrontend;
 use crate::model::{ModelConfig, TdtModel};
 use crate::model_source::{Expected, ModelSource, ModelSourceError, TokenizerId};
 use crate::tokenizer::{Pieces, TokenizerError};
-use asr_tdt::greedy::{greedy_batch, GreedyOptions};
+use asr_tdt::greedy::{greedy_batch, GreedyOptions, Hypothesis};
 pub use error_rates::{edit_distance, ErrorRates};
 
 /// Why an evaluation could not run.
@@ -104,6 +104,62 @@ impl Evaluation {
     }
 }
 
+/// Greedy decoding of batches of 16 kHz utterances with one model: the front end, encoder and
+/// greedy TDT search that `asrt eval` and `asrt transcribe` share.
+pub struct BatchDecoder<'a, B: Backend> {
+    model: &'a TdtModel<B>,
+    cfg: &'a ModelConfig,
+    frontend: MelFrontend<B>,
+    opts: GreedyOptions,
+}
+
+impl<'a, B: Backend> BatchDecoder<'a, B> {
+    /// A decoder for a model whose tokenizer has `vocab` pieces (the blank is `vocab`).
+    pub fn new(
+        model: &'a TdtModel<B>,
+        cfg: &'a ModelConfig,
+        vocab: usize,
+        device: &B::Device,
+    ) -> Self {
+        let frontend = MelFrontend::<B>::new(&cfg.preprocessor, device);
+        let opts = GreedyOptions {
+            vocab: vocab + 1,
+            durations: cfg.durations.clone(),
+            max_symbols: cfg.max_symbols,
+        };
+        BatchDecoder { model, cfg, frontend, opts }
+    }
+
+    /// The hypotheses of `pcm` (one row per utterance), decoded as one padded batch;
+    /// `batch_seconds` is named in the error of a device failure.
+    pub fn decode(
+        &self,
+        pcm: &[&[i16]],
+        batch_seconds: f64,
+        device: &B::Device,
+    ) -> Result<Vec<Hypothesis>, EvalError> {
+        let lens: Vec<u32> = pcm.iter().map(|x| x.len() as u32).collect();
+        let max = lens.iter().copied().max().unwrap_or(0) as usize;
+        let mut padded = vec![0i16; pcm.len() * max];
+        for (row, x) in padded.chunks_exact_mut(max.max(1)).zip(pcm) {
+            row[..x.len()].copy_from_slice(x);
+        }
+        let (feats, frame_lens) = self.frontend.forward(&padded, pcm.len(), &lens, None, device);
+        let (enc, enc_lens) = self.model.encode(self.cfg, feats, &frame_lens);
+        let proj = self.model.joint.project_encoder(enc);
+        let mut dec = BurnGreedy::new(self.model, proj, device);
+        let hyps = greedy_batch(&mut dec, &enc_lens, &self.opts);
+        // A failed allocation leaves garbage behind without telling the caller.
+        crate::device_failure::check::<B>(device).map_err(|failure| EvalError::Device {
+            utterances: pcm.len(),
+            longest_seconds: max as f64 / f64::from(self.cfg.preprocessor.sample_rate),
+            batch_seconds,
+            failure,
+        })?;
+        Ok(hyps)
+    }
+}
+
 /// Decodes `indices` of `corpus` in batches of at most `batch_seconds` of audio.
 pub fn evaluate<B: Backend>(
     model: &TdtModel<B>,
@@ -116,12 +172,7 @@ pub fn evaluate<B: Backend>(
     crate::device_failure::watch();
     let pieces = Pieces::parse(corpus.tokenizer_model())?;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
-    let frontend = MelFrontend::<B>::new(&cfg.preprocessor, device);
-    let opts = GreedyOptions {
-        vocab: vocab + 1,
-        durations: cfg.durations.clone(),
-        max_symbols: cfg.max_symbols,
-    };
+    let decoder = BatchDecoder::new(model, cfg, vocab, device);
     let mut order = indices.to_vec();
     order.sort_by_key(|&i| corpus.num_samples()[i]);
     let mut out = Evaluation::default();
@@ -136,25 +187,8 @@ pub fn evaluate<B: Backend>(
             end += 1;
         }
         let batch = &order[start..end];
-        let lens: Vec<u32> = batch.iter().map(|&i| corpus.num_samples()[i]).collect();
-        let max = lens.iter().copied().max().unwrap_or(0) as usize;
-        let mut pcm = vec![0i16; batch.len() * max];
-        for (row, &i) in pcm.chunks_exact_mut(max.max(1)).zip(batch) {
-            let x = corpus.pcm(i);
-            row[..x.len()].copy_from_slice(x);
-        }
-        let (feats, frame_lens) = frontend.forward(&pcm, batch.len(), &lens, None, device);
-        let (enc, enc_lens) = model.encode(cfg, feats, &frame_lens);
-        let proj = model.joint.project_encoder(enc);
-        let mut dec = BurnGreedy::new(model, proj, device);
-        let hyps = greedy_batch(&mut dec, &enc_lens, &opts);
-        // A failed allocation leaves garbage behind without telling the caller.
-        crate::device_failure::check::<B>(device).map_err(|failure| EvalError::Device {
-            utterances: batch.len(),
-            longest_seconds: max as f64 / rate,
-            batch_seconds,
-            failure,
-        })?;
+        let pcm: Vec<&[i16]> = batch.iter().map(|&i| corpus.pcm(i)).collect();
+        let hyps = decoder.decode(&pcm, batch_seconds, device)?;
         for (&i, h) in batch.iter().zip(hyps) {
             let reference =
                 corpus.text(i).map_err(|source| EvalError::Text { index: i, source })?.1;

@@ -1,5 +1,11 @@
-//! Prediction network (embedding + stacked LSTM, NeMo `RNNTDecoder` with the blank as the
-//! start symbol and a zero embedding) and the joint network.
+//! Prediction network (embedding + stacked LSTM, NeMo `RNNTDecoder` with `blank_as_pad`) and
+//! the joint network.
+//!
+//! The start of a sequence is the blank. Training feeds it as zeros (NeMo's `add_sos`), and
+//! the blank's embedding row is zero at initialisation and never trained (NeMo's
+//! `padding_idx`). Greedy decoding feeds the blank's row as stored, as NeMo's label-looping
+//! decoding (`transcribe()`'s default) does: for a model from NeMo whose row is not zero, the
+//! two starts decode differently.
 
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Lstm, LstmConfig, LstmState};
 use burn::prelude::*;
@@ -22,8 +28,14 @@ impl<B: Backend> Prediction<B> {
     /// A fresh network for `vocab` tokens (blank is `vocab`).
     pub fn new(cfg: &PredictionConfig, vocab: usize, device: &B::Device) -> Self {
         let h = cfg.pred_hidden;
+        let mut embedding = EmbeddingConfig::new(vocab + 1, h).init(device);
+        // The blank's row starts at zero, as `padding_idx` makes it in NeMo; `embed` keeps its
+        // gradient at zero.
+        embedding.weight = embedding
+            .weight
+            .map(|w| w.slice_assign([vocab..vocab + 1, 0..h], Tensor::zeros([1, h], device)));
         Prediction {
-            embedding: EmbeddingConfig::new(vocab + 1, h).init(device),
+            embedding,
             layers: (0..cfg.pred_rnn_layers)
                 .map(|_| LstmConfig::new(h, h, true).init(device))
                 .collect(),
@@ -60,7 +72,24 @@ impl<B: Backend> Prediction<B> {
         state: Option<PredState<B>>,
     ) -> (Tensor<B, 2>, PredState<B>) {
         let [r] = labels.dims();
-        let mut x = self.embed(labels.reshape([r, 1]));
+        self.layers_step(self.embed(labels.reshape([r, 1])), state)
+    }
+
+    /// The first step of greedy decoding for `rows` utterances: the blank's embedding row as
+    /// stored (not zeros), from the zero LSTM state.
+    pub fn start_step(&self, rows: usize, device: &B::Device) -> (Tensor<B, 2>, PredState<B>) {
+        let labels = Tensor::<B, 2, Int>::full([rows, 1], self.blank as i64, device);
+        self.layers_step(self.embedding.forward(labels), None)
+    }
+
+    /// The LSTMs over one step's embeddings `[R, 1, H]`: output `[R, H]` and the next state.
+    fn layers_step(
+        &self,
+        x: Tensor<B, 3>,
+        state: Option<PredState<B>>,
+    ) -> (Tensor<B, 2>, PredState<B>) {
+        let [r, _, _] = x.dims();
+        let mut x = x;
         let mut next = Vec::with_capacity(self.layers.len());
         let mut states = state.map(|s| s.into_iter().map(Some).collect::<Vec<_>>());
         for (i, layer) in self.layers.iter().enumerate() {

@@ -63,8 +63,7 @@ impl<B: Backend> TdtDecoderModel for BurnGreedy<'_, B> {
     type State = DeviceState<B>;
 
     fn start(&mut self, batch: usize) -> DeviceState<B> {
-        let blank = self.model.prediction_blank();
-        let (out, lstm) = self.model.prediction.step(self.indices(vec![blank; batch]), None);
+        let (out, lstm) = self.model.prediction.start_step(batch, &self.device);
         DeviceState { pred: self.model.joint.project_prediction(out), lstm }
     }
 

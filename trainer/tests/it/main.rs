@@ -14,6 +14,7 @@ mod parallel;
 mod plan_cli;
 mod resume;
 mod tidy;
+mod transcribe;
 mod wgpu_training;
 
 /// Durations and languages as the benchmarks use them.
