@@ -417,7 +417,10 @@ pub struct OptimSettings {
 /// `model_config.yaml` for NeMo's `EncDecRNNTBPEModel` with this model, loss and tokenizer.
 /// Every value is the model's own: dropout 0 in the prediction network and joint (this model has
 /// none there), its `max_symbols`, its loss options, and the optimizer it was trained with when
-/// known (`optim` is left out otherwise: NeMo reads it only to train).
+/// known (`optim` is left out otherwise: NeMo reads it only to train). The dataset sections
+/// (`train_ds`, `validation_ds`, `test_ds`) name no manifest: NeMo's `transcribe()` reads
+/// `validation_ds` (its `use_start_end_token`) and stops with `ConfigAttributeError` when it is
+/// missing; the others are there for `setup_training_data` and friends to fill in.
 pub fn write(
     cfg: &ModelConfig,
     loss: &TdtOptions,
@@ -534,6 +537,32 @@ loss:
     durations: {durations}
     sigma: {sigma}
     omega: {omega}
+train_ds:
+  manifest_filepath: null
+  sample_rate: {sample_rate}
+  batch_size: 16
+  shuffle: true
+  num_workers: 8
+  pin_memory: true
+  use_start_end_token: false
+  is_tarred: false
+  tarred_audio_filepaths: null
+validation_ds:
+  manifest_filepath: null
+  sample_rate: {sample_rate}
+  batch_size: 16
+  shuffle: false
+  num_workers: 8
+  pin_memory: true
+  use_start_end_token: false
+test_ds:
+  manifest_filepath: null
+  sample_rate: {sample_rate}
+  batch_size: 16
+  shuffle: false
+  num_workers: 8
+  pin_memory: true
+  use_start_end_token: false
 {optim}target: nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel
 ",
         max_symbols = cfg.max_symbols.map_or("null".to_owned(), |m| m.to_string()),

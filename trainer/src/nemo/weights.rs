@@ -250,8 +250,20 @@ pub fn entries(cfg: &ModelConfig, vocab: usize) -> Vec<Entry> {
     let j = cfg.joint.joint_hidden;
     b.linear("joint.pred", "joint.pred", hp, j, true);
     b.linear("joint.enc", "joint.enc", d, j, true);
-    b.linear("joint.joint_net.2", "joint.out", j, joint_outputs(cfg, vocab), true);
+    b.linear(JOINT_OUT, "joint.out", j, joint_outputs(cfg, vocab), true);
     b.0
+}
+
+/// NeMo's key of the joint's output layer: `joint_net` is `[ReLU, Linear]` when
+/// `jointnet.dropout` is 0, as this model (and its export) has it.
+const JOINT_OUT: &str = "joint.joint_net.1";
+/// The same layer's key in a NeMo model trained with joint dropout (`[ReLU, Dropout, Linear]`).
+const JOINT_OUT_WITH_DROPOUT: &str = "joint.joint_net.2";
+
+/// The key `key` may be stored under in a NeMo state dict, besides itself.
+fn alternative(key: &str) -> Option<String> {
+    let rest = key.strip_prefix(JOINT_OUT)?.strip_prefix('.')?;
+    Some(format!("{JOINT_OUT_WITH_DROPOUT}.{rest}"))
 }
 
 /// NeMo's shape of our part: `(values, shape)` of ours from NeMo's row-major `values`.
@@ -388,7 +400,12 @@ pub fn load<B: Backend>(
     let mut report = WeightReport::default();
     let mut tensors = Vec::new();
     let mut used = std::collections::HashSet::new();
-    for entry in entries(cfg, vocab) {
+    for mut entry in entries(cfg, vocab) {
+        if !sd.contains_key(&entry.key) {
+            if let Some(alt) = alternative(&entry.key).filter(|a| sd.contains_key(a)) {
+                entry.key = alt;
+            }
+        }
         let Some((shape, values)) = sd.get(&entry.key) else {
             return Err(ImportError::MissingKey { key: entry.key, shape: entry.shape });
         };

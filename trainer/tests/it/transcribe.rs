@@ -202,3 +202,44 @@ fn unreadable_inputs_are_reported_and_the_others_transcribed() {
     assert_eq!(lines[0]["error"], "too_long");
     assert!(lines[0]["error_detail"].as_str().unwrap().contains("--max-seconds 0.5"));
 }
+
+/// The Python with NeMo 2.7.3: `ASRT_NEMO_PYTHON`, else the cached venv the fixture scripts use.
+fn nemo_python() -> Option<PathBuf> {
+    let p = std::env::var_os("ASRT_NEMO_PYTHON").map(PathBuf::from).or_else(|| {
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/asr-nemo-venv/bin/python"))
+    })?;
+    let ok = std::process::Command::new(&p)
+        .args(["-c", "import nemo.collections.asr"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
+#[test]
+fn nemo_transcribes_our_export_as_it_transcribes_the_original() {
+    let Some(python) = nemo_python() else {
+        eprintln!(
+            "skipped: NeMo 2.7.3 is not installed (set ASRT_NEMO_PYTHON, or make \
+             ~/.cache/asr-nemo-venv as trainer/tests/data/nemo/transcribe/README.md says)"
+        );
+        return;
+    };
+    let _turn = crate::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export.nemo");
+    let model = root().join("trainer/tests/data/nemo/tiny-tdt.nemo");
+    let o = asrt(&["export", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let script = root().join("trainer/tests/data/nemo/transcribe/check_export.py");
+    let o = std::process::Command::new(python)
+        .args([script.to_str().unwrap(), out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "NeMo on the export: {stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr).lines().rev().take(15).collect::<Vec<_>>().join("\n")
+    );
+    assert!(stdout.contains("\"problems\": []"), "{stdout}");
+}
