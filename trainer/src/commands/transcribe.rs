@@ -184,7 +184,6 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<ExitCode> {
             emit: &mut emit,
         },
     )?;
-    drop(emit);
     out.flush()?;
     if let Some(e) = io_error {
         return Err(e.context("writing the transcripts"));
