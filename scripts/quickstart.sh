@@ -41,12 +41,18 @@ rm -rf "$out/run"
 step "evaluate"
 "$bin/asrt" eval "$out/espeak.asrcorpus" --checkpoint "$out/run" | tee "$out/eval.txt"
 
+step "transcribe one file (asrt transcribe: text, token, word and segment times)"
+"$bin/asrt" transcribe "$example/audio/shard-000/en-0001.flac" --checkpoint "$out/run" \
+  -o "$out/transcript.jsonl"
+"$bin/asrt" transcribe "$example/audio/shard-000/en-0001.flac" --checkpoint "$out/run" --format text
+
 step "outputs"
 cat <<TXT
 corpus           $out/espeak.asrcorpus
 compile report   $out/espeak.asrcorpus.report.json (every dropped, retagged or flagged row: $out/espeak.asrcorpus.report.jsonl)
-training metrics $out/run/metrics.jsonl (one JSON line per optimizer step)
+training metrics $out/run/metrics.jsonl (one JSON line per optimizer step; TensorBoard: tensorboard --logdir $out/run)
 loss plot        $out/run/loss.svg
 checkpoint       $(cat "$out/run/checkpoints/latest" 2>/dev/null | sed "s|^|$out/run/checkpoints/|")
 evaluation       $out/eval.txt
+transcript       $out/transcript.jsonl (NeMo-style JSON line with timestamps)
 TXT

@@ -30,12 +30,14 @@ PY
 bash scripts/quickstart.sh "$out/quickstart" > "$out/quickstart.log" 2>&1 || {
   cat "$out/quickstart.log"; echo "quickstart: FAILED" >&2; exit 1; }
 for f in espeak.asrcorpus espeak.asrcorpus.report.json run/metrics.jsonl run/loss.svg \
-  run/checkpoints/latest eval.txt; do
+  run/checkpoints/latest eval.txt transcript.jsonl; do
   [ -s "$out/quickstart/$f" ] || { cat "$out/quickstart.log"; echo "quickstart: no $f" >&2; exit 1; }
 done
 steps=$(wc -l < "$out/quickstart/run/metrics.jsonl")
 [ "$steps" -eq 40 ] || { echo "quickstart: $steps training steps, expected 40" >&2; exit 1; }
 grep -q '^all ' "$out/quickstart/eval.txt" || { echo "quickstart: no overall WER line" >&2; exit 1; }
+grep -q '"pred_text"' "$out/quickstart/transcript.jsonl" || { echo "quickstart: no transcript" >&2; exit 1; }
+ls "$out/quickstart/run"/events.out.tfevents.* >/dev/null || { echo "quickstart: no TensorBoard events" >&2; exit 1; }
 echo "quickstart: 1 passed, 0 failed ($steps steps trained, evaluated)"
 
 # The GPU kit's run script end to end on wgpu (Mesa's software Vulkan) with small sizes, so it

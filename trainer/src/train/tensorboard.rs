@@ -112,10 +112,14 @@ impl EventWriter {
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into());
+        static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = now();
-        let path =
-            dir.join(format!("events.out.tfevents.{}.{host}.{}", t as u64, std::process::id()));
-        let mut file = std::fs::File::create(&path)?;
+        // Zero-padded, so that name order is creation order within a process.
+        let name = format!("events.out.tfevents.{}.{host}.{}.{n:06}", t as u64, std::process::id());
+        // Never over another run's events.
+        let mut file =
+            std::fs::File::options().write(true).create_new(true).open(dir.join(name))?;
         file.write_all(&record(&event(t, 0, Some("brain.Event:2"), &[])))?;
         file.flush()?;
         Ok(EventWriter { file })

@@ -240,6 +240,12 @@ fn tensorboard_agrees(out: &Path, metrics: &[StepMetrics]) {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let tags: BTreeMap<String, Vec<(u64, f32)>> = serde_json::from_slice(&o.stdout).unwrap();
+    let files: Vec<(String, u64)> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("tfevents"))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
+        .collect();
     let last = |tag: &str, step: u64| {
         tags.get(tag)
             .unwrap_or_else(|| panic!("no {tag} in {:?}", tags.keys()))
@@ -247,7 +253,7 @@ fn tensorboard_agrees(out: &Path, metrics: &[StepMetrics]) {
             .rev()
             .find(|(s, _)| *s == step)
             .map(|p| p.1)
-            .unwrap_or_else(|| panic!("no {tag} at step {step}"))
+            .unwrap_or_else(|| panic!("no {tag} at step {step}: {:?} in {files:?}", tags[tag]))
     };
     for m in metrics {
         assert_eq!(last("train_loss", m.step), m.loss as f32, "step {}", m.step);
