@@ -166,6 +166,8 @@ pub struct HfReader {
     source: String,
     batch_rows: usize,
     next_row: u64,
+    /// Row of the current file the next batch starts at (for ids and origins).
+    file_row: u64,
     /// Rows in all files, from their metadata.
     pub rows: u64,
 }
@@ -206,6 +208,7 @@ impl HfReader {
             source,
             batch_rows: batch_rows.max(1),
             next_row: 0,
+            file_row: 0,
             rows,
         })
     }
@@ -224,7 +227,10 @@ impl HfReader {
                     Ok((r, cols))
                 });
                 match opened {
-                    Ok((r, cols)) => self.current = Some((path, r, cols)),
+                    Ok((r, cols)) => {
+                        self.current = Some((path, r, cols));
+                        self.file_row = 0;
+                    }
                     Err(e) => return Some(Err(e)),
                 }
             }
@@ -242,8 +248,10 @@ impl HfReader {
                         Some(r) => r.clone(),
                         None => path.parent().map(Path::to_path_buf).unwrap_or_default(),
                     };
-                    let rows = rows_of(&batch, path, cols, &base, &self.source, self.next_row);
+                    let first = (self.next_row, self.file_row);
+                    let rows = rows_of(&batch, path, cols, &base, &self.source, first);
                     self.next_row += batch.num_rows() as u64;
+                    self.file_row += batch.num_rows() as u64;
                     return Some(Ok(rows));
                 }
             }
@@ -257,7 +265,7 @@ fn rows_of(
     cols: &Columns,
     base: &Path,
     source: &str,
-    first_row: u64,
+    (first_row, first_in_file): (u64, u64),
 ) -> Vec<ManifestRow> {
     let col = |name: &Option<String>| name.as_ref().and_then(|n| batch.column_by_name(n));
     let (ids, langs, durations) = (col(&cols.id), col(&cols.lang), col(&cols.duration));
@@ -266,8 +274,9 @@ fn rows_of(
     (0..batch.num_rows())
         .map(|i| {
             let row = first_row + i as u64;
-            let local = row - first_row;
-            let origin = format!("{}:row {}", path.display(), row);
+            // The row within its file: ids without an id column and origins are per file.
+            let local = first_in_file + i as u64;
+            let origin = format!("{}:row {local}", path.display());
             let Some(audio) = audio.map(|a| audio_at(a.as_ref(), i, base)) else {
                 return malformed(row, origin, Reason::MalformedLine, "no audio column".into());
             };

@@ -180,14 +180,27 @@ fn cut_row(
         .get("recording")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("the cut has no `recording`".into()))?;
-    let start = num(cut, "start").map_err(bad)?.unwrap_or(0.0);
-    let duration = num(cut, "duration").map_err(bad)?;
     let audio = recording_audio(rec, cut.get("channel"), base, allow_pipes)?;
     let sups = cut.get("supervisions").and_then(Value::as_array).cloned().unwrap_or_default();
-    let (text, lang) = supervised(&sups);
+    span_row(row, cut, audio, &sups, source)
+}
+
+/// The row of a cut or supervision `o` (its `id`, `start`, `duration`) of `audio`, with the
+/// text and language of `sups`.
+fn span_row(
+    row: u64,
+    o: &Map<String, Value>,
+    audio: AudioRef,
+    sups: &[Value],
+    source: &str,
+) -> Result<ManifestRow, (Reason, String)> {
+    let bad = |d: String| (Reason::MalformedLine, d);
+    let start = num(o, "start").map_err(bad)?.unwrap_or(0.0);
+    let duration = num(o, "duration").map_err(bad)?;
+    let (text, lang) = supervised(sups);
     Ok(ManifestRow {
         row,
-        segment_id: string(cut, "id"),
+        segment_id: string(o, "id"),
         text,
         lang,
         source: Some(source.to_owned()),
@@ -281,19 +294,6 @@ fn supervision_row(
     let (rec, base) = recordings.get(&rec_id).ok_or_else(|| {
         (Reason::MissingFile, format!("recording {rec_id:?} is in no recording set given"))
     })?;
-    let start = num(sup, "start").map_err(bad)?.unwrap_or(0.0);
-    let duration = num(sup, "duration").map_err(bad)?;
     let audio = recording_audio(rec, sup.get("channel"), base, allow_pipes)?;
-    let (text, lang) = supervised(std::slice::from_ref(&v));
-    Ok(ManifestRow {
-        row,
-        segment_id: string(sup, "id"),
-        text,
-        lang,
-        source: Some(source.to_owned()),
-        duration,
-        audio: Some(audio),
-        segment: Some(Segment { offset: start, duration }),
-        ..Default::default()
-    })
+    span_row(row, sup, audio, std::slice::from_ref(&v), source)
 }
