@@ -106,11 +106,6 @@ impl<B: Backend> TdtModel<B> {
         (enc, enc_lens.into_iter().map(|n| n.min(t)).collect())
     }
 
-    /// The blank's index.
-    pub fn prediction_blank(&self) -> usize {
-        self.prediction.blank()
-    }
-
     /// Joint logits `[B, T', U + 1, V + 1 + D]` for encodings and targets `[B, U]`.
     pub fn logits(&self, enc: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 4> {
         let pred = self.prediction.forward(targets);
