@@ -25,6 +25,9 @@ limit_mib=60
 
 step() { printf '\n== bundle: %s\n' "$*"; }
 
+step "setup (the C libraries the build links)"
+bash scripts/setup.sh
+
 step "build --release --features cuda (asrt, asrt-bench, make-synthetic-corpus)"
 cargo build --release --locked --features cuda -p asr-trainer --bin asrt --bin asrt-bench
 cargo build --release --locked -p asr-examples --bin make-synthetic-corpus

@@ -19,6 +19,9 @@
 #        then eval; again with the kernel cache warm
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
+#   dw   d again with the kernel cache d left (the same shapes): the steady step time
+#   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
+#        time scales with the batch
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
 #        bf16 autocast, with its TDT loss and with a log-softmax in its place (bench/peer_step.py);
 #        d over e is the headline figure (ASRT_PEER_RUNS picks the runs)
@@ -211,6 +214,16 @@ step_c() {
 }
 check_c() { py train-tiny "$1" "$logs/c.log" "$work" "${reference:-none}"; }
 
+# big_config FILE MAX_BATCH_SECONDS: the 0.6B preset (in a dry run its structure at a CPU's size).
+big_config() {
+  if [ "$dry" = 1 ]; then
+    printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nn_layers = 1\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n' > "$1"
+  else
+    printf 'preset = "parakeet-tdt-0.6b"\n' > "$1"
+  fi
+  printf '[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = %s\n' "$2" >> "$1"
+}
+
 # Synthetic utterances of 5-20 s (tones and noise, random token ids of a 1024-piece vocabulary).
 long_corpus() {
   [ -f "$work/long.asrcorpus" ] && return 0
@@ -221,12 +234,7 @@ long_corpus() {
 step_d() {
   long_corpus || return $?
   local cfg="$work/parakeet.toml"
-  if [ "$dry" = 1 ]; then
-    # The 0.6B preset's structure at a CPU's size.
-    printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nn_layers = 1\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 30.0\n' > "$cfg"
-  else
-    printf 'preset = "parakeet-tdt-0.6b"\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 120.0\n' > "$cfg"
-  fi
+  big_config "$cfg" "$([ "$dry" = 1 ] && echo 30.0 || echo 120.0)"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/d-memory.csv" 2>/dev/null &
     local smi=$!
@@ -242,6 +250,38 @@ step_d() {
   return $rc
 }
 check_d() { py train-big "$1" "$logs/d.log" "$work"; }
+
+# d again, with the kernel cache d left: the same plan, so the same shapes. CubeCL compiles a
+# kernel for each new shape; on an H200 d's steps took 3.4 s with compilation against 1.3 s
+# without, so the steady step time is this step's.
+step_dw() {
+  [ -f "$work/parakeet.toml" ] || { echo "dw runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/dw-run" \
+    --device "$train_dev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+}
+check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
+
+# The same preset at a larger batch (ASRT_D2_BATCH_SECONDS, default 360) over more utterances
+# (the planner batches utterances of similar length: 96 give batches of about 110 s whatever the
+# limit). A step bound by launching kernels from the host costs about the same at any batch.
+step_d2() {
+  if [ ! -f "$work/long2.asrcorpus" ]; then
+    "$bin/make-synthetic-corpus" "$work/long2.asrcorpus" --utterances "$([ "$dry" = 1 ] && echo 24 || echo 400)" \
+      --vocab 1024 --min-seconds 5 --max-seconds 20 --max-tokens 80 || return $?
+  fi
+  local cfg="$work/parakeet2.toml" secs="${ASRT_D2_BATCH_SECONDS:-360}"
+  big_config "$cfg" "$([ "$dry" = 1 ] && echo 60.0 || echo "$secs")"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/d2-memory.csv" 2>/dev/null &
+    local smi=$!
+  fi
+  "$bin/asrt" train "$work/long2.asrcorpus" --config "$cfg" --out "$work/d2-run" --device "$train_dev" \
+    --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 4)"
+  local rc=$?
+  [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+  return $rc
+}
+check_d2() { py train-big "$1" "$logs/d2.log" "$work" d2; }
 
 step_e() {
   if [ "$dry" = 1 ]; then
@@ -307,7 +347,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f step_env step_c step_d step_e step_f step_g long_corpus
+export -f step_env step_c step_d step_dw step_d2 step_e step_f step_g long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -316,6 +356,8 @@ run_step a 600 "$bin/asrt-bench" tdt-check --device "$dev" --sizes "$sizes" --re
 run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b.json"
 run_step c 600 step_c
 run_step d 600 step_d
+run_step dw 300 step_dw
+run_step d2 300 step_d2
 run_step e 400 step_e
 run_step f 300 step_f
 run_step g 60 step_g

@@ -84,14 +84,21 @@ pub enum Command {
   \
         asrt train train.asrcorpus --config finetune.toml --init models/parakeet --out runs/ft")]
     Import(ImportArgs),
-    /// Export a checkpoint (or an imported model) as a `.nemo` that NeMo loads.
+    /// Export a checkpoint (or an imported model) as a `.nemo` that NeMo loads, or as a
+    /// directory that Hugging Face transformers loads.
     ///
-    /// Writes model_config.yaml for NeMo's EncDecRNNTBPEModel (TDT loss, greedy TDT decoding),
-    /// the state dict in PyTorch's format and the tokenizer, so that
+    /// --format nemo (default): model_config.yaml for NeMo's EncDecRNNTBPEModel (TDT loss,
+    /// greedy TDT decoding), the state dict in PyTorch's format and the tokenizer, so that
     /// `ASRModel.restore_from("model.nemo")` and the NeMo, Riva and sherpa tools take the model.
-    /// The tokenizer comes from the training set's first corpus, or --tokenizer.
+    /// --format hf: config.json, generation_config.json, model.safetensors,
+    /// processor_config.json, tokenizer.json and tokenizer_config.json, for transformers'
+    /// `ParakeetForTDT.from_pretrained(DIR)` and `AutoProcessor.from_pretrained(DIR)`.
+    /// The tokenizer comes from the training set's first corpus, or --tokenizer. An existing
+    /// output is refused unless --force; the output appears whole or not at all.
     #[command(after_help = "Examples:
   asrt export runs/ft -o parakeet-ft.nemo
+  \
+        asrt export runs/ft --format hf -o parakeet-ft-hf
   \
         asrt export runs/ft/checkpoints/step-00002000 -o ft-2000.nemo --tokenizer train.asrcorpus")]
     Export(ExportArgs),
@@ -172,6 +179,15 @@ pub struct ImportArgs {
     pub allow_unmapped: bool,
 }
 
+/// What `asrt export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// A `.nemo` archive for NeMo.
+    Nemo,
+    /// A directory for Hugging Face transformers (`ParakeetForTDT`).
+    Hf,
+}
+
 /// Arguments of `asrt export`.
 #[derive(Debug, Clone, Args)]
 pub struct ExportArgs {
@@ -179,9 +195,15 @@ pub struct ExportArgs {
     /// directory written by `asrt import`.
     #[arg(value_name = "CHECKPOINT", value_hint = ValueHint::DirPath)]
     pub checkpoint: PathBuf,
-    /// The `.nemo` to write.
-    #[arg(short, long, value_name = "OUT.nemo", value_hint = ValueHint::FilePath)]
+    /// The `.nemo` (--format nemo) or directory (--format hf) to write.
+    #[arg(short, long, value_name = "OUT", value_hint = ValueHint::AnyPath)]
     pub out: PathBuf,
+    /// What to write.
+    #[arg(long, value_enum, default_value = "nemo")]
+    pub format: ExportFormat,
+    /// Replace OUT if it exists.
+    #[arg(long)]
+    pub force: bool,
     /// Where the tokenizer comes from: a corpus, a `.nemo` or a SentencePiece `.model` (it must
     /// be the one the model was trained with).
     #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]

@@ -13,6 +13,8 @@
 //! fail.
 //! On the CPU backend `sync` does nothing and no such panic happens, so the check is free.
 
+use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
@@ -86,10 +88,34 @@ pub fn watch() {
                 }
             }
             None if FAILED_ALLOCATION.load(Ordering::SeqCst) != 0
-                && missing_buffer(&info.to_string()) => {}
+                && (missing_buffer(&info.to_string()) || CONTAINING.with(Cell::get)) => {}
             None => previous(info),
         }));
     });
+}
+
+thread_local! {
+    /// Whether this thread is inside [`contain`].
+    static CONTAINING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, a stretch of device work on this thread. A panic in it while an allocation failure
+/// is pending is a consequence of that failure and comes back as it: on an H200 a micro-batch
+/// whose 2.18 GiB allocation failed then panicked on the main thread while registering the next
+/// launch's arguments (cubecl-std `FastDivmod::register`, in the joint's `Linear`), before any
+/// check could name the batch (bench/RESULTS.md, "GPU kit on an H200"). Any other panic is a bug
+/// and goes on unwinding.
+pub fn contain<T>(f: impl FnOnce() -> T) -> Result<T, DeviceFailure> {
+    let outer = CONTAINING.with(|c| c.replace(true));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(f));
+    CONTAINING.with(|c| c.set(outer));
+    match result {
+        Ok(v) => Ok(v),
+        Err(payload) => match FAILED_ALLOCATION.swap(0, Ordering::SeqCst) {
+            0 => std::panic::resume_unwind(payload),
+            failed => Err(DeviceFailure::OutOfMemory { bytes: failed - 1 }),
+        },
+    }
 }
 
 /// Waits for `device` to finish its queued work and reports what failed since the last check.

@@ -24,6 +24,7 @@ pub mod cuda_env;
 pub mod device;
 pub mod device_failure;
 mod eval;
+pub mod hf;
 pub mod kernel_cache;
 mod model;
 pub mod model_source;
@@ -36,7 +37,7 @@ use std::process::ExitCode;
 
 // The command line.
 pub use cli::{
-    Cli, Command, EvalArgs, ExportArgs, ImportArgs, PlanArgs, SamplerArgs, TrainArgs,
+    Cli, Command, EvalArgs, ExportArgs, ExportFormat, ImportArgs, PlanArgs, SamplerArgs, TrainArgs,
     TranscribeArgs, TranscriptFormat,
 };
 // Configuration.
@@ -67,7 +68,7 @@ pub use model::decoder::Joint;
 pub use model::greedy::{BurnGreedy, DeviceState};
 pub use model::mel::{unpack_pcm, MelFrontend};
 pub use model::{ModelConfig, TdtModel};
-pub use tokenizer::{Pieces, TokenizerError};
+pub use tokenizer::{model_spec, ModelSpec, PieceType, Pieces, TokenizerError};
 // Transcription: NeMo's token, word and segment times.
 pub use transcribe::timestamps::{
     compute as transcript_timestamps, text as transcript_text, vocabulary_punctuation, FrameTime,

@@ -136,6 +136,11 @@ impl Pieces {
         self.pieces.get(id).map_or("", |(p, _)| p.as_str())
     }
 
+    /// The type of piece `id` (`Normal` past the end).
+    pub fn kind(&self, id: usize) -> PieceType {
+        self.pieces.get(id).map_or(PieceType::Normal, |(_, k)| *k)
+    }
+
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.pieces.is_empty()
@@ -163,4 +168,40 @@ impl Pieces {
         }
         String::from_utf8_lossy(&bytes).split_whitespace().collect::<Vec<_>>().join(" ")
     }
+}
+
+/// What a SentencePiece model says besides its pieces, for writing it in another library's
+/// format (`hf::tokenizer`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// `TrainerSpec.unk_piece` (SentencePiece's default `<unk>` when absent).
+    pub unk_piece: String,
+    /// `NormalizerSpec.precompiled_charsmap`: the compiled normalisation rules (empty: none).
+    pub precompiled_charsmap: Vec<u8>,
+}
+
+/// Reads the trainer and normaliser settings of a serialized `ModelProto` (fields 2 and 3).
+pub fn model_spec(model: &[u8]) -> Result<ModelSpec, TokenizerError> {
+    let bad = || TokenizerError::NotSentencePiece;
+    let mut spec = ModelSpec { unk_piece: "<unk>".to_owned(), precompiled_charsmap: Vec::new() };
+    for (field, wire, body, _) in fields(model).ok_or_else(bad)? {
+        match (field, wire) {
+            (2, 2) => {
+                for (f, w, b, _) in fields(body).ok_or_else(bad)? {
+                    if (f, w) == (45, 2) {
+                        spec.unk_piece = String::from_utf8_lossy(b).into_owned();
+                    }
+                }
+            }
+            (3, 2) => {
+                for (f, w, b, _) in fields(body).ok_or_else(bad)? {
+                    if (f, w) == (2, 2) {
+                        spec.precompiled_charsmap = b.to_vec();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(spec)
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use burn::backend::NdArray;
 
 use crate::checkpoint;
-use crate::cli::{ExportArgs, ImportArgs};
+use crate::cli::{ExportArgs, ExportFormat, ImportArgs};
 use crate::model_source::{Expected, ModelSource, TokenizerId};
 use crate::nemo;
 
@@ -70,6 +70,9 @@ pub(crate) fn tokenizer_from(path: &Path) -> anyhow::Result<Vec<u8>> {
 /// Runs `asrt export`.
 pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let device = Default::default();
+    if args.out.exists() && !args.force {
+        bail!("{} exists (pass --force to replace it)", args.out.display());
+    }
     let source = ModelSource::resolve(&args.checkpoint)?;
     let loaded = source.load::<NdArray>(None, false, &device)?;
     let tokenizer = match (&args.tokenizer, loaded.tokenizer_model) {
@@ -95,8 +98,23 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     source.check_tokenizer(&loaded.info, &given, Expected::Given)?;
     let (model, info, from) = (loaded.model, loaded.info, source.path().to_owned());
     let cfg = &info.model;
-    nemo::export(&model, cfg, &info.loss, info.optim.as_ref(), &tokenizer, &args.out)?;
     let vocab = crate::tokenizer::Pieces::parse(&tokenizer)?.len();
+    if args.format == ExportFormat::Hf {
+        let done = crate::hf::export(&model, cfg, &tokenizer, &args.out, args.force)?;
+        println!(
+            "exported {} to {} for transformers' ParakeetForTDT ({} tensors, {} trainable \
+             parameters, vocabulary {vocab} + blank {}, durations {:?}): {}",
+            from.display(),
+            args.out.display(),
+            done.tensors,
+            nemo::weights::parameter_count(cfg, vocab),
+            done.blank_id,
+            cfg.durations,
+            done.files.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    nemo::export(&model, cfg, &info.loss, info.optim.as_ref(), &tokenizer, &args.out)?;
     println!(
         "exported {} to {} ({} trainable parameters, vocabulary {vocab}, durations {:?})",
         from.display(),

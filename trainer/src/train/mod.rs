@@ -481,13 +481,21 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 self.largest_fit = Some(self.largest_fit.map_or(cells, |c| c.max(cells)));
                 Ok(())
             }
-            Err(DeviceFailure::OutOfMemory { bytes }) => Err(TrainError::OutOfMemory(Box::new(
+            Err(failure) => Err(self.device_error(batch, slot, failure)),
+        }
+    }
+
+    /// The error for a failure of micro-batch `slot`: out of memory names the batch and a
+    /// `max_batch_seconds` that fits.
+    fn device_error(&self, batch: &PaddedBatch, slot: u64, failure: DeviceFailure) -> TrainError {
+        match failure {
+            DeviceFailure::OutOfMemory { bytes } => TrainError::OutOfMemory(Box::new(
                 OutOfMemory::new(batch, slot, self.step, bytes, &self.cfg, self.largest_fit),
-            ))),
-            Err(failure) => Err(TrainError::Device {
+            )),
+            failure => TrainError::Device {
                 during: format!("micro-batch {slot} (step {})", self.step),
                 failure,
-            }),
+            },
         }
     }
 
@@ -562,7 +570,10 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             self.loss.calls = slot;
             let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
             crate::model::seed_backend::<B>(&self.device, seed);
-            let result = self.micro_batch_gradients(batch, n)?;
+            let result = match crate::device_failure::contain(|| self.micro_batch_gradients(batch, n)) {
+                Ok(result) => result?,
+                Err(failure) => return Err(self.device_error(batch, slot, failure)),
+            };
             self.check_device(batch, slot)?;
             self.micro += 1;
             audio_seconds += batch.seconds;

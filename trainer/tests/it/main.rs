@@ -6,6 +6,7 @@
 mod device_inputs;
 mod fused_joint;
 mod greedy_device;
+mod hf;
 mod mel;
 mod model_source;
 mod nemo;
