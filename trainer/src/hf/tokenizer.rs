@@ -148,7 +148,13 @@ pub fn build(model: &[u8], pieces: &Pieces) -> Result<Built, HfError> {
         "added_tokens": added_tokens,
         "normalizer": {"type": "Sequence", "normalizers": normalizers},
         "pre_tokenizer": metaspace,
-        "post_processor": null,
+        // What transformers saves for this tokenizer: sequences as they are, no special tokens.
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {},
+        },
         "decoder": metaspace,
         "model": {
             "type": "BPE",

@@ -570,10 +570,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             self.loss.calls = slot;
             let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
             crate::model::seed_backend::<B>(&self.device, seed);
-            let result = match crate::device_failure::contain(|| self.micro_batch_gradients(batch, n)) {
-                Ok(result) => result?,
-                Err(failure) => return Err(self.device_error(batch, slot, failure)),
-            };
+            let result =
+                match crate::device_failure::contain(|| self.micro_batch_gradients(batch, n)) {
+                    Ok(result) => result?,
+                    Err(failure) => return Err(self.device_error(batch, slot, failure)),
+                };
             self.check_device(batch, slot)?;
             self.micro += 1;
             audio_seconds += batch.seconds;

@@ -12,15 +12,16 @@ Check an export against the recording (what trainer/tests/it/hf.rs runs when suc
 
 Making, it exports ../nemo/tiny-tdt.nemo and ../nemo/transcribe/blank-row.nemo (the same model with the blank
 row of the prediction network's embedding set to 3.0) with `asrt export --format hf`, then for each:
-  - loads the directory with `ParakeetForTDT.from_pretrained` (eager attention, float32) and
+  - loads the directory with `ParakeetForTDT.from_pretrained` (float32, its default SDPA attention) and
     `AutoProcessor.from_pretrained`, recording the loading report (missing, unexpected, mismatched keys);
   - records the state-dict keys and shapes of transformers' own model built from the exported config.json;
-  - runs the processor and `generate()` on the three fixture utterances (the PCM recorded in
-    ../nemo/tiny-tdt.outputs.safetensors, as one padded batch), recording per utterance the emitted token
-    ids, their encoder frames and durations, and `processor.decode(..., durations=...)`'s text and times;
-  - records the joint's logits over the lattice of the greedy hypothesis (`model(input_features,
-    attention_mask, decoder_input_ids=[blank] + tokens)`), the first 8 label positions, and the encoder
-    lengths;
+  - runs the processor and `generate()` on each of the three fixture utterances (the PCM recorded in
+    ../nemo/tiny-tdt.outputs.safetensors), recording the emitted token ids, their encoder frames and
+    durations, and `processor.decode(..., durations=...)`'s text and times;
+  - records the joint's logits over the lattice of each greedy hypothesis (`model(input_features,
+    attention_mask, decoder_input_ids=[blank] + tokens)`): every valid encoder frame, the first 8 label
+    positions; and the same from NeMo's recorded mel features (the network alone), with the largest
+    difference between transformers' features and NeMo's;
   - for the tokenizer: whether the exported tokenizer.json equals, as JSON, the one transformers' own
     `ParakeetConverter` builds from the same SentencePiece model with the same added tokens, and the ids
     the exported tokenizer gives the fixture's texts (and SentencePiece's own ids, for comparison).
@@ -78,8 +79,10 @@ def run_model(d):
     from transformers import AutoProcessor, ParakeetForTDT, ParakeetTDTConfig
 
     processor = AutoProcessor.from_pretrained(d)
-    model, info = ParakeetForTDT.from_pretrained(d, dtype=torch.float32, attn_implementation="eager",
-                                                 output_loading_info=True)
+    # The default attention (SDPA). With attn_implementation="eager" transformers 5.17.0 gives NaN encoder
+    # outputs for the shorter utterances of a padded batch (its masked scores are -inf, and a fully masked
+    # padding row's softmax spreads through the convolution module), so generate() emits token 0 there.
+    model, info = ParakeetForTDT.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
     model.eval()
     report = {k: sorted(map(str, v)) for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
                                                                         "mismatched_keys")}
@@ -87,35 +90,45 @@ def run_model(d):
     keys = {k: list(v.shape) for k, v in fresh.state_dict().items()}
     cfg = model.config
     blank, vocab = cfg.blank_token_id, cfg.vocab_size
-    audio = pcm()
-    inputs = processor(audio, sampling_rate=16000, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(input_features=inputs["input_features"], attention_mask=inputs["attention_mask"])
-    texts, stamps = processor.decode(out.sequences, durations=out.durations, skip_special_tokens=True)
-    utts = []
-    for b in range(len(audio)):
-        ids, dur = out.sequences[b], out.durations[b]
+    utts, tensors = [], {}
+    from safetensors.numpy import load_file
+
+    rec = load_file(os.path.join(NEMO, "tiny-tdt.outputs.safetensors"))
+    nemo_feats, nemo_lens = rec["features"].astype(np.float32), rec["feature_lens"].astype(np.int64)
+    # One utterance per call, as a user transcribes a file. In a padded batch transformers 5.17.0's
+    # generate() goes on decoding a shorter utterance past its last encoder frame (tokens at frames beyond
+    # its length until the longest is done), so a batch is not the reference.
+    for b, audio in enumerate(pcm()):
+        inputs = processor(audio, sampling_rate=16000, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(input_features=inputs["input_features"], attention_mask=inputs["attention_mask"])
+        texts, stamps = processor.decode(out.sequences, durations=out.durations, skip_special_tokens=True)
+        ids, dur = out.sequences[0], out.durations[0]
         frame = dur.cumsum(-1) - dur
-        # Past the end of a shorter hypothesis generate() pads with pad_token_id and duration 0.
         keep = ids != blank
-        if cfg.pad_token_id != blank:
-            keep &= ids != cfg.pad_token_id
-        utts.append({"tokens": ids[keep].tolist(), "frames": frame[keep].tolist(), "durations": dur[keep].tolist(),
-                     "text": texts[b], "timestamps": stamps[b]})
-    # The lattice of each greedy hypothesis, padded with the blank.
-    u = max(len(x["tokens"]) for x in utts) + 1
-    y = torch.full((len(audio), u), blank, dtype=torch.long)
-    for b, x in enumerate(utts):
-        y[b, 1 : 1 + len(x["tokens"])] = torch.tensor(x["tokens"], dtype=torch.long)
-    with torch.no_grad():
-        res = model(input_features=inputs["input_features"], attention_mask=inputs["attention_mask"],
-                    decoder_input_ids=y)
-        enc = model.get_audio_features(input_features=inputs["input_features"],
-                                       attention_mask=inputs["attention_mask"])
-    enc_lens = enc.attention_mask.sum(-1).to(torch.int64)
-    logits = res.logits[:, :, :LOGIT_POSITIONS].contiguous().to(torch.float32)
+        u = {"tokens": ids[keep].tolist(), "frames": frame[keep].tolist(), "durations": dur[keep].tolist(),
+             "text": texts[0], "timestamps": stamps[0]}
+        utts.append(u)
+        # The lattice of the greedy hypothesis: [blank] + tokens through the prediction network.
+        y = torch.tensor([[blank] + u["tokens"]], dtype=torch.long)
+        with torch.no_grad():
+            res = model(input_features=inputs["input_features"], attention_mask=inputs["attention_mask"],
+                        decoder_input_ids=y)
+            enc = model.get_audio_features(input_features=inputs["input_features"],
+                                           attention_mask=inputs["attention_mask"])
+        n = int(enc.attention_mask.sum())
+        tensors[f"logits.{b}"] = res.logits[0, :n, :LOGIT_POSITIONS].contiguous().to(torch.float32)
+        # The same lattice from NeMo's recorded mel features (which asrt's front end reproduces): the
+        # network alone, without transformers' feature extractor.
+        f = torch.from_numpy(nemo_feats[b, :, : nemo_lens[b]].T.copy())[None]
+        with torch.no_grad():
+            res2 = model(input_features=f, attention_mask=torch.ones(f.shape[:2], dtype=torch.long),
+                         decoder_input_ids=y)
+        tensors[f"net_logits.{b}"] = res2.logits[0, :n, :LOGIT_POSITIONS].contiguous().to(torch.float32)
+        hf_f = inputs["input_features"][0, : nemo_lens[b]]
+        u["features_max_abs_diff_vs_nemo"] = float((hf_f - f[0]).abs().max())
     return {"report": report, "model_keys": keys, "vocab_size": vocab, "blank": blank,
-            "pad_token_id": cfg.pad_token_id, "utterances": utts}, {"logits": logits, "encoder_lens": enc_lens}, processor
+            "pad_token_id": cfg.pad_token_id, "utterances": utts}, tensors, processor
 
 
 def tokenizer_facts(d, processor):
