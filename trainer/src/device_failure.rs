@@ -153,4 +153,19 @@ mod tests {
         ));
         assert!(!missing_buffer("can't allocate buffer of size: 1024"));
     }
+
+    #[test]
+    fn a_panic_while_an_allocation_failure_is_pending_is_that_failure() {
+        watch();
+        // CubeCL's server thread, as it fails an allocation.
+        let server = std::thread::spawn(|| panic!("can't allocate buffer of size: 2048"));
+        assert!(server.join().is_err());
+        // The launch that then panics on this thread (the H200's FastDivmod::register).
+        let r = contain(|| -> u32 { panic!("called `Option::unwrap()` on a `None` value") });
+        assert_eq!(r, Err(DeviceFailure::OutOfMemory { bytes: 2048 }));
+        // Taken: with none pending, a panic is a bug and goes on unwinding.
+        let bug = std::panic::catch_unwind(|| contain(|| -> u32 { panic!("a bug") }));
+        assert!(bug.is_err());
+        assert_eq!(contain(|| 7), Ok(7));
+    }
 }
