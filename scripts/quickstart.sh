@@ -41,6 +41,22 @@ rm -rf "$out/run"
 step "evaluate"
 "$bin/asrt" eval "$out/espeak.asrcorpus" --checkpoint "$out/run" | tee "$out/eval.txt"
 
+step "memorise five utterances (examples/espeak/memorise.toml: the WER falls; training data, not held out)"
+"$bin/asrc" compile "$example/manifest.parquet" --tokenizer "$example/spm.model" \
+  -o "$out/five.asrcorpus" --max-duration 1.78 --max-reject-fraction 1.0 > "$out/five.compile.log"
+rm -rf "$out/memorise"
+"$bin/asrt" train "$out/five.asrcorpus" --config "$example/memorise.toml" --val-corpus "$out/five.asrcorpus" \
+  --out "$out/memorise" --quiet
+# The validation WER after every 25 steps, from the metrics.
+python3 - "$out/memorise/metrics.jsonl" <<'PY' | tee "$out/memorise.txt"
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    v = m.get("validation")
+    if v:
+        print(f"step {m['step']:>3}: WER {100 * v['wer']:6.2f} %, CER {100 * v['cer']:6.2f} % on the 5 memorised utterances")
+PY
+
 step "transcribe one file (asrt transcribe: text, token, word and segment times)"
 "$bin/asrt" transcribe "$example/audio/shard-000/en-0001.flac" --checkpoint "$out/run" \
   -o "$out/transcript.jsonl"
@@ -54,5 +70,6 @@ training metrics $out/run/metrics.jsonl (one JSON line per optimizer step; Tenso
 loss plot        $out/run/loss.svg
 checkpoint       $(cat "$out/run/checkpoints/latest" 2>/dev/null | sed "s|^|$out/run/checkpoints/|")
 evaluation       $out/eval.txt
+memorisation     $out/memorise.txt (validation WER of the five-utterance run as it learns)
 transcript       $out/transcript.jsonl (NeMo-style JSON line with timestamps)
 TXT

@@ -38,6 +38,14 @@ steps=$(wc -l < "$out/quickstart/run/metrics.jsonl")
 grep -q '^all ' "$out/quickstart/eval.txt" || { echo "quickstart: no overall WER line" >&2; exit 1; }
 grep -q '"pred_text"' "$out/quickstart/transcript.jsonl" || { echo "quickstart: no transcript" >&2; exit 1; }
 ls "$out/quickstart/run"/events.out.tfevents.* >/dev/null || { echo "quickstart: no TensorBoard events" >&2; exit 1; }
+# The memorising run shows learning: its last validation WER is below its first.
+python3 - "$out/quickstart/memorise.txt" <<'PY' || { cat "$out/quickstart.log"; exit 1; }
+import re, sys
+wers = [float(m) for m in re.findall(r"WER +([0-9.]+) %", open(sys.argv[1]).read())]
+if len(wers) != 4 or not wers[-1] < wers[0]:
+    sys.exit(f"quickstart: the memorising run's WER did not fall: {wers}")
+print(f"quickstart memorisation: WER {wers[0]:.1f} % -> {wers[-1]:.1f} % over steps 25-100")
+PY
 echo "quickstart: 1 passed, 0 failed ($steps steps trained, evaluated)"
 
 # The GPU kit's run script end to end on wgpu (Mesa's software Vulkan) with small sizes, so it
