@@ -68,7 +68,7 @@ pub use model::decoder::Joint;
 pub use model::greedy::{BurnGreedy, DeviceState};
 pub use model::mel::{unpack_pcm, MelFrontend};
 pub use model::{ModelConfig, TdtModel};
-pub use tokenizer::{model_spec, ModelSpec, PieceType, Pieces, TokenizerError};
+pub use tokenizer::{Pieces, TokenizerError};
 // Transcription: NeMo's token, word and segment times.
 pub use transcribe::timestamps::{
     compute as transcript_timestamps, text as transcript_text, vocabulary_punctuation, FrameTime,

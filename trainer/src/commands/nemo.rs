@@ -103,14 +103,13 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         let done = crate::hf::export(&model, cfg, &tokenizer, &args.out, args.force)?;
         println!(
             "exported {} to {} for transformers' ParakeetForTDT ({} tensors, {} trainable \
-             parameters, vocabulary {vocab} + blank {}, durations {:?}): {}",
+             parameters, vocabulary {vocab} + blank {vocab}, durations {:?}): {}",
             from.display(),
             args.out.display(),
             done.tensors,
             nemo::weights::parameter_count(cfg, vocab),
-            done.blank_id,
             cfg.durations,
-            done.files.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>().join(", ")
+            crate::hf::FILES.join(", ")
         );
         return Ok(ExitCode::SUCCESS);
     }

@@ -71,11 +71,10 @@ fn pretty(v: &serde_json::Value) -> String {
     s
 }
 
-/// The JSON files for a model of `cfg` whose tokenizer has `vocab` pieces (the blank is
-/// `vocab`) and the special tokens of `tok`.
-pub fn files(cfg: &ModelConfig, vocab: usize, tok: &Built) -> Result<Files, HfError> {
+/// The JSON files for a model of `cfg` (already [`check`]ed) whose tokenizer has `vocab` pieces
+/// (the blank is `vocab`) and the special tokens of `tok`.
+pub fn files(cfg: &ModelConfig, vocab: usize, tok: &Built) -> Files {
     let pad_id = tok.pad_id;
-    check(cfg)?;
     let e = &cfg.encoder;
     let p = &cfg.preprocessor;
     let blank = vocab;
@@ -152,10 +151,10 @@ pub fn files(cfg: &ModelConfig, vocab: usize, tok: &Built) -> Result<Files, HfEr
         "pad_token": tok.pad_token,
         "unk_token": tok.unk_token,
     });
-    Ok(Files {
+    Files {
         config: pretty(&config),
         generation: pretty(&generation),
         processor: pretty(&processor),
         tokenizer_config: pretty(&tokenizer_config),
-    })
+    }
 }

@@ -73,15 +73,21 @@ fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
     move |source| HfError::Io { action, path: path.to_owned(), source }
 }
 
+/// The files of an export, in the order they are written.
+pub const FILES: [&str; 6] = [
+    "config.json",
+    "generation_config.json",
+    "processor_config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "model.safetensors",
+];
+
 /// What an export wrote.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exported {
-    /// The files, by name, with their sizes in bytes.
-    pub files: Vec<(String, u64)>,
     /// Tensors in `model.safetensors`.
     pub tensors: usize,
-    /// The blank's id (the tokenizer's size): transformers' `blank_token_id`.
-    pub blank_id: usize,
 }
 
 /// Writes `model` as a transformers model directory at `out` (atomically). An existing `out` is
@@ -100,7 +106,7 @@ pub fn export<B: Backend>(
     let pieces = Pieces::parse(tokenizer_model).map_err(|e| HfError::Tokenizer(e.to_string()))?;
     let vocab = pieces.len();
     let tok = tokenizer::build(tokenizer_model, &pieces)?;
-    let files = config::files(cfg, vocab, &tok)?;
+    let files = config::files(cfg, vocab, &tok);
     let tensors = weights::hf_state_dict(model, cfg, vocab)?;
 
     let parent = match out.parent() {
@@ -113,21 +119,13 @@ pub fn export<B: Backend>(
         .tempdir_in(&parent)
         .map_err(io("creating a temporary directory in", &parent))?;
     let dir = tmp.path();
-    let mut written = Vec::new();
-    let mut put = |file: &str, bytes: &[u8]| -> Result<(), HfError> {
+    let texts =
+        [&files.config, &files.generation, &files.processor, &files.tokenizer_config, &tok.json];
+    for (file, text) in FILES.iter().zip(texts) {
         let path = dir.join(file);
-        std::fs::write(&path, bytes).map_err(io("writing", &path))?;
-        written.push((file.to_owned(), bytes.len() as u64));
-        Ok(())
-    };
-    put("config.json", files.config.as_bytes())?;
-    put("generation_config.json", files.generation.as_bytes())?;
-    put("processor_config.json", files.processor.as_bytes())?;
-    put("tokenizer_config.json", files.tokenizer_config.as_bytes())?;
-    put("tokenizer.json", tok.json.as_bytes())?;
-    let st = dir.join("model.safetensors");
-    let size = weights::write_safetensors(&tensors, &st)?;
-    written.push(("model.safetensors".to_owned(), size));
+        std::fs::write(&path, text).map_err(io("writing", &path))?;
+    }
+    weights::write_safetensors(&tensors, &dir.join(FILES[5]))?;
 
     // Into place: the old directory moves aside first, so that `out` is at every moment either
     // the old export or the new one.
@@ -145,5 +143,5 @@ pub fn export<B: Backend>(
     } else {
         std::fs::rename(&tmp, out).map_err(io("renaming into place", out))?;
     }
-    Ok(Exported { files: written, tensors: tensors.len(), blank_id: vocab })
+    Ok(Exported { tensors: tensors.len() })
 }

@@ -34,23 +34,12 @@ pub struct Built {
 /// transformers' `generate_merges` over `pieces` (ids are indices), with Python's `len` (code
 /// points) and its stable descending sort.
 pub fn merges(pieces: &Pieces) -> Vec<(String, String)> {
-    let mut ids: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for i in 0..pieces.len() {
-        // A Python dict built from (piece, index) pairs keeps the last index of a repeated piece.
-        ids.insert(pieces.piece(i), i);
-    }
-    // dict(vocab_scores): the first occurrence's position, the last occurrence's score.
-    let mut first: Vec<usize> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for i in 0..pieces.len() {
-        if seen.insert(pieces.piece(i)) {
-            first.push(i);
-        }
-    }
+    // SentencePiece refuses a model with a repeated piece, so a piece's id is its index.
+    let ids: std::collections::HashMap<&str, usize> =
+        (0..pieces.len()).map(|i| (pieces.piece(i), i)).collect();
     let mut all: Vec<(String, String, f32)> = Vec::new();
-    for &i in &first {
-        let piece = pieces.piece(i);
-        let score = pieces.score(ids[piece]);
+    for i in 0..pieces.len() {
+        let (piece, score) = (pieces.piece(i), pieces.score(i));
         let mut local: Vec<(usize, usize, &str, &str)> = Vec::new();
         for (at, _) in piece.char_indices().skip(1) {
             let (l, r) = piece.split_at(at);

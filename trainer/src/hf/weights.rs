@@ -65,8 +65,8 @@ pub fn hf_state_dict<B: Backend>(
         .collect())
 }
 
-/// Writes `tensors` as a safetensors file (with PyTorch's `format` metadata) and returns its size.
-pub fn write_safetensors(tensors: &[(String, TorchTensor)], path: &Path) -> Result<u64, HfError> {
+/// Writes `tensors` as a safetensors file (with PyTorch's `format` metadata).
+pub fn write_safetensors(tensors: &[(String, TorchTensor)], path: &Path) -> Result<(), HfError> {
     let bytes: Vec<(Dtype, &[usize], Vec<u8>)> = tensors
         .iter()
         .map(|(_, t)| match t {
@@ -91,15 +91,7 @@ pub fn write_safetensors(tensors: &[(String, TorchTensor)], path: &Path) -> Resu
     }
     let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
     safetensors::tensor::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| HfError::Safetensors { path: path.to_owned(), detail: e.to_string() })?;
-    let size = std::fs::metadata(path)
-        .map_err(|source| HfError::Io {
-            action: "reading the size of",
-            path: path.to_owned(),
-            source,
-        })?
-        .len();
-    Ok(size)
+        .map_err(|e| HfError::Safetensors { path: path.to_owned(), detail: e.to_string() })
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use asr_trainer::BurnGreedy;
 use asr_trainer::MelFrontend;
 use burn::backend::NdArray;
 use burn::prelude::*;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
+
+use crate::nemo::{ints, tensor};
 use serde_json::Value;
 
 type B = NdArray;
@@ -39,40 +41,13 @@ fn expected() -> Value {
         .unwrap()
 }
 
-fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
-    let t = st.tensor(name).unwrap();
-    assert_eq!(t.dtype(), Dtype::F32, "{name}");
-    let v = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    (t.shape().to_vec(), v)
-}
-
-fn ints(st: &SafeTensors, name: &str) -> Vec<usize> {
-    let t = st.tensor(name).unwrap();
-    match t.dtype() {
-        Dtype::I64 => t
-            .data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as usize)
-            .collect(),
-        Dtype::I16 => t
-            .data()
-            .chunks_exact(2)
-            .map(|c| i16::from_le_bytes(c.try_into().unwrap()) as usize)
-            .collect(),
-        other => panic!("{name}: {other:?}"),
-    }
-}
-
 /// The fixture's three utterances: 16-bit PCM, padded, and their lengths.
 fn pcm() -> (Vec<i16>, usize, Vec<u32>) {
     let bytes = std::fs::read(data().join("nemo/tiny-tdt.outputs.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("pcm").unwrap();
-    let batch = t.shape()[0];
-    let pcm: Vec<i16> =
-        t.data().chunks_exact(2).map(|c| i16::from_le_bytes(c.try_into().unwrap())).collect();
+    let (shape, pcm) = tensor(&st, "pcm");
     let lens = ints(&st, "pcm_lens").into_iter().map(|x| x as u32).collect();
-    (pcm, batch, lens)
+    (pcm.into_iter().map(|x| x as i16).collect(), shape[0], lens)
 }
 
 /// Our encoder output, its lengths and greedy hypotheses on the fixture's utterances.
@@ -187,11 +162,11 @@ fn export_has_transformers_keys_and_shapes_and_its_generate_gives_our_greedy_tok
         for (name, bound) in [("net_logits", NET_LOGIT_BOUND), ("logits", LOGIT_BOUND)] {
             let (mut d, mut scale) = (0f64, 0f64);
             for (b, (dims, ours_l)) in lattices.iter().enumerate() {
-                let (shape, theirs) = f32s(&rec, &format!("{which}.{name}.{b}"));
+                let (shape, theirs) = tensor(&rec, &format!("{which}.{name}.{b}"));
                 assert_eq!(shape, dims[1..].to_vec(), "{which} {b}: lattice shape");
-                for (a, t) in ours_l.iter().zip(&theirs) {
-                    d = d.max(f64::from(a - t).abs());
-                    scale = scale.max(f64::from(*t).abs());
+                for (&a, &t) in ours_l.iter().zip(&theirs) {
+                    d = d.max((f64::from(a) - t).abs());
+                    scale = scale.max(t.abs());
                 }
             }
             eprintln!(
@@ -221,17 +196,11 @@ fn exported_tokenizer_is_transformers_own_conversion() {
 
 /// The Python with transformers 5.x and torch: `ASRT_HF_PYTHON`, else the cached venv.
 fn hf_python() -> Option<PathBuf> {
-    let p = std::env::var_os("ASRT_HF_PYTHON").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/asr-torch-venv/bin/python"))
-    })?;
-    let ok = std::process::Command::new(&p)
-        .args([
-            "-c",
-            "import torch, safetensors, sentencepiece; from transformers import ParakeetForTDT",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(p)
+    crate::venv_python(
+        "ASRT_HF_PYTHON",
+        "asr-torch-venv",
+        "import torch, safetensors, sentencepiece; from transformers import ParakeetForTDT",
+    )
 }
 
 #[test]

@@ -18,6 +18,20 @@ mod tidy;
 mod transcribe;
 mod wgpu_training;
 
+/// The Python of an optional reference tool: `$env`, else `~/.cache/VENV/bin/python`, when it
+/// runs `check` (a `python -c` program importing what the test needs).
+pub fn venv_python(env: &str, venv: &str, check: &str) -> Option<std::path::PathBuf> {
+    let p = std::env::var_os(env).map(std::path::PathBuf::from).or_else(|| {
+        std::env::var_os("HOME")
+            .map(|h| std::path::PathBuf::from(h).join(".cache").join(venv).join("bin/python"))
+    })?;
+    let ok = std::process::Command::new(&p)
+        .args(["-c", check])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
 /// Durations and languages as the benchmarks use them.
 pub fn synthetic(n: usize, n_langs: u16, seed: u64, median: f64) -> (Vec<f64>, Vec<u16>) {
     asr_trainer::lognormal_zipf(n, n_langs, seed, median)

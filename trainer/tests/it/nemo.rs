@@ -25,7 +25,7 @@ fn fixture() -> PathBuf {
 }
 
 /// A recorded tensor: shape and values as f64.
-fn tensor(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f64>) {
+pub(crate) fn tensor(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f64>) {
     let t = st.tensor(name).unwrap();
     let b = t.data();
     let v: Vec<f64> = match t.dtype() {
@@ -48,7 +48,7 @@ fn tensor(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f64>) {
     (t.shape().to_vec(), v)
 }
 
-fn ints(st: &SafeTensors, name: &str) -> Vec<usize> {
+pub(crate) fn ints(st: &SafeTensors, name: &str) -> Vec<usize> {
     tensor(st, name).1.into_iter().map(|x| x as usize).collect()
 }
 

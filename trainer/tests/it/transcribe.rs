@@ -205,14 +205,7 @@ fn unreadable_inputs_are_reported_and_the_others_transcribed() {
 
 /// The Python with NeMo 2.7.3: `ASRT_NEMO_PYTHON`, else the cached venv the fixture scripts use.
 fn nemo_python() -> Option<PathBuf> {
-    let p = std::env::var_os("ASRT_NEMO_PYTHON").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/asr-nemo-venv/bin/python"))
-    })?;
-    let ok = std::process::Command::new(&p)
-        .args(["-c", "import nemo.collections.asr"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(p)
+    crate::venv_python("ASRT_NEMO_PYTHON", "asr-nemo-venv", "import nemo.collections.asr")
 }
 
 #[test]
