@@ -41,6 +41,9 @@ pub struct TrainState {
     /// sets: one corpus, checked by the two fields above).
     #[serde(default)]
     pub corpora: Vec<CorpusIdentity>,
+    /// The dynamic loss scale of an f16-mixed run (absent otherwise, and in older checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::loss_scale::LossScale>,
 }
 
 /// Why a checkpoint could not be written or read. Each names the file or directory.

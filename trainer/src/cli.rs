@@ -228,6 +228,11 @@ pub struct TrainArgs {
     /// Override train.max_steps.
     #[arg(long)]
     pub max_steps: Option<u64>,
+    /// Override train.precision: f32, bf16-mixed or f16-mixed (matrix products in the half
+    /// type, weights and optimizer state in f32; f16 scales the loss dynamically). The device
+    /// must compute in that type: cpu (NdArray) does neither, flex does both, CUDA both.
+    #[arg(long, value_name = "P")]
+    pub precision: Option<crate::model::precision::Precision>,
     /// Stop (with a checkpoint) after this many optimizer steps, keeping the schedule of
     /// max_steps (for splitting a run).
     #[arg(long)]

@@ -200,6 +200,10 @@ pub struct LoopConfig {
     /// Data-parallel runs: how long a rank waits for the others at a step (or to connect) before
     /// stopping with the name of the missing rank (covers validation, which rank 0 runs alone).
     pub collective_timeout_seconds: f64,
+    /// The type of the model's matrix products: `f32`, `bf16-mixed` or `f16-mixed` (weights,
+    /// optimizer state, normalisations, softmax, front end and the loss's sums stay f32;
+    /// ARCHITECTURE.md, "Mixed precision").
+    pub precision: crate::model::precision::Precision,
 }
 
 impl Default for LoopConfig {
@@ -216,6 +220,7 @@ impl Default for LoopConfig {
             loader_workers: 2,
             fused_batch_size: 0,
             collective_timeout_seconds: 600.0,
+            precision: crate::model::precision::Precision::F32,
         }
     }
 }

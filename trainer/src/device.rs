@@ -25,6 +25,7 @@ use crate::config::TrainConfig;
 use crate::cuda_env::CudaEnvError;
 use crate::eval::{evaluate_source, EvalError, Evaluation};
 use crate::kernel_cache::{KernelCache, KernelCacheError};
+use crate::model::precision::{Precision, PrecisionError};
 use crate::model_source::{Expected, ModelSource, TokenizerId};
 use crate::tokenizer::Pieces;
 use crate::train::metrics::StepMetrics;
@@ -39,6 +40,9 @@ use asr_tdt::op::TdtBackend;
 pub enum Device {
     /// The CPU (Burn's NdArray backend).
     Cpu,
+    /// The CPU through burn-flex, the CPU backend that computes in bfloat16 and float16
+    /// (mixed precision; slower than NdArray in f32: bench/RESULTS.md).
+    Flex,
     /// CUDA device `N`.
     #[cfg(feature = "cuda")]
     Cuda(usize),
@@ -52,6 +56,7 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+            Device::Flex => f.write_str("flex"),
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => write!(f, "cuda:{n}"),
             #[cfg(feature = "wgpu")]
@@ -64,7 +69,7 @@ impl fmt::Display for Device {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     /// Not a device name.
-    #[error("{0:?}: expected cpu, cuda:N or wgpu")]
+    #[error("{0:?}: expected cpu, flex, cuda:N or wgpu")]
     Unknown(String),
     /// A kind of device this build cannot run.
     #[error("{given}: this asrt was built without {feature} (cargo build --features {feature})")]
@@ -78,7 +83,7 @@ pub enum DeviceError {
     #[error("no device given")]
     Empty,
     /// Devices of different kinds in one list.
-    #[error("{0}: one kind of device per run (all cpu, all cuda:N or all wgpu)")]
+    #[error("{0}: one kind of device per run (all cpu, all flex, all cuda:N or all wgpu)")]
     Mixed(String),
     /// One CUDA device listed twice.
     #[error("cuda:{0} is listed twice: one rank per GPU (two would wait for each other in NCCL)")]
@@ -95,6 +100,9 @@ impl FromStr for Device {
         let s = s.trim();
         if s == "cpu" {
             return Ok(Device::Cpu);
+        }
+        if s == "flex" {
+            return Ok(Device::Flex);
         }
         if let Some(n) = s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
             #[cfg(feature = "cuda")]
@@ -120,6 +128,8 @@ impl FromStr for Device {
 pub enum Devices {
     /// `n` ranks on the CPU.
     Cpu(usize),
+    /// `n` ranks on the CPU through burn-flex.
+    Flex(usize),
     /// One rank per listed CUDA device.
     #[cfg(feature = "cuda")]
     Cuda(Vec<usize>),
@@ -138,6 +148,7 @@ impl Devices {
         }
         Ok(match first {
             Device::Cpu => Devices::Cpu(list.len()),
+            Device::Flex => Devices::Flex(list.len()),
             #[cfg(feature = "wgpu")]
             Device::Wgpu => Devices::Wgpu(list.len()),
             #[cfg(feature = "cuda")]
@@ -159,11 +170,23 @@ impl Devices {
     /// Ranks in this process.
     pub fn len(&self) -> usize {
         match self {
-            Devices::Cpu(n) => *n,
+            Devices::Cpu(n) | Devices::Flex(n) => *n,
             #[cfg(feature = "cuda")]
             Devices::Cuda(v) => v.len(),
             #[cfg(feature = "wgpu")]
             Devices::Wgpu(n) => *n,
+        }
+    }
+
+    /// The first device's name, as the command line gives it.
+    pub fn first_name(&self) -> String {
+        match self {
+            Devices::Cpu(_) => "cpu".to_owned(),
+            Devices::Flex(_) => "flex".to_owned(),
+            #[cfg(feature = "cuda")]
+            Devices::Cuda(v) => format!("cuda:{}", v.first().copied().unwrap_or(0)),
+            #[cfg(feature = "wgpu")]
+            Devices::Wgpu(_) => "wgpu".to_owned(),
         }
     }
 
@@ -181,7 +204,7 @@ impl Devices {
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     pub fn prepare(&self, cache: &KernelCache, processes: bool) -> Result<(), SetupError> {
         match self {
-            Devices::Cpu(_) => {}
+            Devices::Cpu(_) | Devices::Flex(_) => {}
             #[cfg(feature = "wgpu")]
             Devices::Wgpu(_) => cache.install()?,
             #[cfg(feature = "cuda")]
@@ -202,6 +225,7 @@ impl From<Device> for Devices {
     fn from(d: Device) -> Devices {
         match d {
             Device::Cpu => Devices::Cpu(1),
+            Device::Flex => Devices::Flex(1),
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => Devices::Cuda(vec![n]),
             #[cfg(feature = "wgpu")]
@@ -222,8 +246,9 @@ impl FromStr for Devices {
 /// `--device` and `--devices`, shared by the commands that run a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DeviceArgs {
-    /// `cpu`, `cuda:N` (needs a build with --features cuda) or `wgpu` (the default adapter:
-    /// a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
+    /// `cpu` (NdArray, the faster in f32), `flex` (the CPU through burn-flex, which also runs
+    /// bf16-mixed and f16-mixed), `cuda:N` (needs a build with --features cuda) or `wgpu` (the
+    /// default adapter: a GPU through Vulkan, Metal or DX12, or Mesa's software Vulkan driver).
     #[arg(long, default_value = "cpu", conflicts_with = "devices")]
     pub device: Device,
     /// Data-parallel: one rank per listed device of this process (`cpu,cpu` or
@@ -298,6 +323,7 @@ pub fn dispatch<W: OnBackend>(devices: &Devices, work: W) -> W::Output {
         Devices::Cpu(n) => {
             work.run::<Autodiff<burn::backend::NdArray>>(vec![Default::default(); *n])
         }
+        Devices::Flex(n) => work.run::<Autodiff<burn::backend::Flex>>(vec![Default::default(); *n]),
         #[cfg(feature = "cuda")]
         Devices::Cuda(ordinals) => work.run::<Autodiff<burn::backend::Cuda>>(
             ordinals.iter().map(|&n| burn::backend::cuda::CudaDevice::new(n)).collect(),
@@ -312,6 +338,35 @@ pub fn dispatch<W: OnBackend>(devices: &Devices, work: W) -> W::Output {
 
 // The work this crate runs, and its CPU entry points for library users and tests (instantiated
 // in this optimised crate).
+
+/// Whether the first of `devices` computes in `precision`'s type (`Backend::supports_dtype`),
+/// asked before a run builds anything: the error names the device as the command line does.
+pub fn check_precision(devices: &Devices, precision: Precision) -> Result<(), PrecisionError> {
+    struct Check {
+        precision: Precision,
+        name: String,
+    }
+    impl OnBackend for Check {
+        type Output = Result<(), PrecisionError>;
+
+        fn run<B>(self, devices: Vec<B::Device>) -> Self::Output
+        where
+            B: AutodiffBackend + TdtBackend,
+            B::InnerBackend: DeviceAllReduce,
+        {
+            match devices.first() {
+                Some(d) => self.precision.check::<B>(d, &self.name),
+                None => Ok(()),
+            }
+        }
+    }
+    if precision.compute().is_none() {
+        // f32 runs everywhere; asking would start a GPU client for nothing.
+        return Ok(());
+    }
+    let name = devices.first_name();
+    dispatch(devices, Check { precision, name })
+}
 
 /// A run as work for [`dispatch`]: [`run_ranks`] on whichever backend the devices name.
 pub struct RunOn<'a> {

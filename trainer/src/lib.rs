@@ -26,6 +26,7 @@ pub mod device_failure;
 mod eval;
 pub mod hf;
 pub mod kernel_cache;
+mod loss_scale;
 mod model;
 pub mod model_source;
 pub mod nemo;
@@ -67,6 +68,7 @@ pub use model::config::{ModelConfigError, PreprocessorConfig, SpecAugmentConfig}
 pub use model::decoder::Joint;
 pub use model::greedy::{BurnGreedy, DeviceState};
 pub use model::mel::{unpack_pcm, MelFrontend};
+pub use model::precision::{Precision, PrecisionError};
 pub use model::{ModelConfig, TdtModel};
 pub use tokenizer::{Pieces, TokenizerError};
 // Transcription: NeMo's token, word and segment times.
@@ -76,11 +78,12 @@ pub use transcribe::timestamps::{
 };
 // Where work runs: devices, the backend dispatcher, the CPU entry points.
 pub use device::{
-    dispatch, evaluate_model_cpu, run_cpu, run_cpu_ranks, Device, DeviceArgs, DeviceError, Devices,
-    EvalOn, OnBackend, RunOn, SetupError,
+    check_precision, dispatch, evaluate_model_cpu, run_cpu, run_cpu_ranks, Device, DeviceArgs,
+    DeviceError, Devices, EvalOn, OnBackend, RunOn, SetupError,
 };
 pub use kernel_cache::KernelCache;
 // Training.
+pub use loss_scale::LossScale;
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 pub use train::fused::{joint_in_parts, JointInputs};
 pub use train::grads::flatten as flatten_gradients;

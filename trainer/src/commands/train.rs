@@ -44,6 +44,9 @@ fn load_config(args: &TrainArgs) -> anyhow::Result<TrainConfig> {
     if let Some(n) = args.max_steps {
         cfg.train.max_steps = n;
     }
+    if let Some(p) = args.precision {
+        cfg.train.precision = p;
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -163,7 +166,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
             m.lr,
             m.grad_norm,
             m.audio_seconds_per_second,
-            if m.skipped { " SKIPPED (non-finite)" } else { "" }
+            match (m.skipped, m.loss_scale) {
+                (false, _) => String::new(),
+                (true, None) => " SKIPPED (non-finite)".to_owned(),
+                (true, Some(s)) => format!(" SKIPPED (non-finite at loss scale {s})"),
+            }
         );
         let msg = match m.validation.as_ref().and_then(|v| v.get("wer")).and_then(|w| w.as_f64()) {
             Some(w) => format!("{msg} val WER {:.1} %", 100.0 * w),
@@ -181,6 +188,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let processes = process_group(&|k| std::env::var(k).ok())?;
     let process = processes.as_ref().map_or(0, |p| p.rank);
     args.device.prepare(&devices, processes.is_some())?;
+    crate::device::check_precision(&devices, cfg.train.precision)?;
     let summary = dispatch(&devices, RunOn { cfg, opts: &opts, processes, on_step: &mut on_step })?;
     if let Some(bar) = &bar {
         bar.finish_and_clear();

@@ -12,6 +12,7 @@ use burn::prelude::*;
 use burn::tensor::activation::relu;
 
 use super::config::{JointConfig, PredictionConfig};
+use super::precision::Precision;
 
 /// Embedding and stacked LSTMs over `[blank, y_1, ..., y_U]`.
 #[derive(Module, Debug)]
@@ -109,6 +110,9 @@ pub struct Joint<B: Backend> {
     enc: Linear<B>,
     pred: Linear<B>,
     out: Linear<B>,
+    /// The type of the products (not a parameter: checkpoints are the same whatever it is).
+    #[module(skip)]
+    precision: Precision,
 }
 
 impl<B: Backend> Joint<B> {
@@ -124,7 +128,13 @@ impl<B: Backend> Joint<B> {
             enc: LinearConfig::new(d_enc, cfg.joint_hidden).init(device),
             pred: LinearConfig::new(d_pred, cfg.joint_hidden).init(device),
             out: LinearConfig::new(cfg.joint_hidden, outputs).init(device),
+            precision: Precision::F32,
         }
+    }
+
+    /// This joint with its products in `precision`'s type.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        Joint { precision, ..self }
     }
 
     /// The joint's widest per-node dimension: its hidden width or its outputs.
@@ -135,12 +145,12 @@ impl<B: Backend> Joint<B> {
 
     /// Projects encoder outputs `[.., d_enc]`.
     pub fn project_encoder<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.enc.forward(x)
+        self.precision.linear(&self.enc, x)
     }
 
     /// Projects prediction outputs `[.., d_pred]`.
     pub fn project_prediction<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.pred.forward(x)
+        self.precision.linear(&self.pred, x)
     }
 
     /// Logits from projected parts that broadcast against each other.
@@ -150,10 +160,20 @@ impl<B: Backend> Joint<B> {
     /// materialises a `[B, T, J, outputs]` copy of it forward and backward (hundreds of MB for
     /// a small batch; `asrt-bench joint-memory`), and rank-4 `Linear`s got a wrong bias
     /// gradient on the CubeCL backend (see the encoder's subsampling).
+    ///
+    /// The logits are in f32 whatever the precision (greedy decoding reads them);
+    /// [`Joint::lattice`] leaves the training lattice in the compute type.
     pub fn combine<const D: usize>(&self, enc: Tensor<B, D>, pred: Tensor<B, D>) -> Tensor<B, D> {
+        self.precision.up(self.lattice(enc, pred))
+    }
+
+    /// [`Joint::combine`]'s logits left in the compute type (bfloat16 or float16 under mixed
+    /// precision): the step's largest tensor at half the bytes, as the TDT loss reads it (its
+    /// kernels accumulate in f32 whatever the logits' type).
+    pub fn lattice<const D: usize>(&self, enc: Tensor<B, D>, pred: Tensor<B, D>) -> Tensor<B, D> {
         let hidden = relu(enc + pred);
         let mut dims = hidden.dims();
-        let out = self.out.forward(hidden.flatten::<2>(0, D - 2));
+        let out = self.precision.linear_low(&self.out, hidden.flatten::<2>(0, D - 2));
         dims[D - 1] = out.dims()[1];
         out.reshape(dims)
     }

@@ -11,6 +11,7 @@ use burn::tensor::activation::{glu, relu, silu, softmax};
 
 use super::config::EncoderConfig;
 use super::conv::{Conv3x3S2, DepthwiseConv1d};
+use super::precision::Precision;
 
 /// NeMo masks attention scores with -10000 rather than -inf.
 const MASK_VALUE: f64 = -10_000.0;
@@ -61,7 +62,7 @@ impl<B: Backend> Subsampling<B> {
     /// `MaskedConvSequential`, every stage's output is zeroed past that stage's valid length,
     /// so the frames next to the end of an utterance never read padding's activations (and an
     /// utterance encodes the same alone or padded in a batch).
-    fn forward(&self, x: Tensor<B, 3>, lens: &[usize]) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, lens: &[usize], p: Precision) -> Tensor<B, 3> {
         let device = x.device();
         let mut lens = lens.to_vec();
         let stage = |x: Tensor<B, 4>, lens: &mut Vec<usize>| {
@@ -76,11 +77,11 @@ impl<B: Backend> Subsampling<B> {
             // CPU backend's were right); as rank 2 both backends agree (wgpu_training test).
             let y = dw.forward(x);
             let [b, t, f, c] = y.dims();
-            let y = pw.forward(y.reshape([b * t * f, c])).reshape([b, t, f, c]);
+            let y = p.linear(pw, y.reshape([b * t * f, c])).reshape([b, t, f, c]);
             x = stage(relu(y), &mut lens);
         }
         let [b, t, f, c] = x.dims();
-        self.out.forward(x.swap_dims(2, 3).reshape([b, t, c * f]))
+        p.linear(&self.out, x.swap_dims(2, 3).reshape([b, t, c * f]))
     }
 }
 
@@ -137,27 +138,34 @@ impl<B: Backend> RelPositionAttention<B> {
     }
 
     /// `x` `[B, T, d]`, `pos` `[1, 2T-1, d]`, `pad` `[B, 1, 1, T]` (true on padded keys).
-    fn forward(&self, x: Tensor<B, 3>, pos: Tensor<B, 3>, pad: Tensor<B, 4, Bool>) -> Tensor<B, 3> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        pos: Tensor<B, 3>,
+        pad: Tensor<B, 4, Bool>,
+        p: Precision,
+    ) -> Tensor<B, 3> {
         let [b, t, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
         let split = |y: Tensor<B, 3>| y.reshape([b, t, h, dk]); // [B, T, H, dk]
-        let q = split(self.q.forward(x.clone()));
-        let k = split(self.k.forward(x.clone())).swap_dims(1, 2); // [B, H, T, dk]
-        let v = split(self.v.forward(x)).swap_dims(1, 2);
-        let p = self.pos.forward(pos).reshape([1, 2 * t - 1, h, dk]).swap_dims(1, 2); // [1,H,2T-1,dk]
+        let q = split(p.linear(&self.q, x.clone()));
+        let k = split(p.linear(&self.k, x.clone())).swap_dims(1, 2); // [B, H, T, dk]
+        let v = split(p.linear(&self.v, x)).swap_dims(1, 2);
+        let r = p.linear(&self.pos, pos).reshape([1, 2 * t - 1, h, dk]).swap_dims(1, 2); // [1,H,2T-1,dk]
         let u = self.pos_bias_u.val().reshape([1, 1, h, dk]);
         let w = self.pos_bias_v.val().reshape([1, 1, h, dk]);
         let q_u = (q.clone() + u).swap_dims(1, 2); // [B, H, T, dk]
         let q_v = (q + w).swap_dims(1, 2);
-        let ac = q_u.matmul(k.swap_dims(2, 3)); // [B, H, T, T]
-        let bd = rel_shift(q_v.matmul(p.swap_dims(2, 3)), t); // [B, H, T, T]
+        // The scores come back in f32: the mask and the softmax run there.
+        let ac = p.matmul(q_u, k.swap_dims(2, 3)); // [B, H, T, T]
+        let bd = rel_shift(p.matmul(q_v, r.swap_dims(2, 3)), t); // [B, H, T, T]
         let scores = (ac + bd).div_scalar((dk as f64).sqrt());
         let pad = pad.expand([b, h, t, t]);
         let scores = scores.mask_fill(pad.clone(), MASK_VALUE);
         let attn = softmax(scores, 3).mask_fill(pad, 0.0);
         let attn = self.dropout.forward(attn);
-        let ctx = attn.matmul(v).swap_dims(1, 2).reshape([b, t, d]);
-        self.out.forward(ctx)
+        let ctx = p.matmul(attn, v).swap_dims(1, 2).reshape([b, t, d]);
+        p.linear(&self.out, ctx)
     }
 }
 
@@ -190,8 +198,8 @@ impl<B: Backend> FeedForward<B> {
         }
     }
 
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.down.forward(self.dropout.forward(silu(self.up.forward(x))))
+    fn forward(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        p.linear(&self.down, self.dropout.forward(silu(p.linear(&self.up, x))))
     }
 }
 
@@ -216,11 +224,12 @@ impl<B: Backend> ConvModule<B> {
     }
 
     /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames).
-    fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = glu(self.pointwise1.forward(x), 2) * keep;
+    fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        let x = glu(p.linear(&self.pointwise1, x), 2) * keep;
+        // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
         let x = silu(self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2));
-        self.pointwise2.forward(x)
+        p.linear(&self.pointwise2, x)
     }
 }
 
@@ -262,15 +271,16 @@ impl<B: Backend> ConformerLayer<B> {
         pos: Tensor<B, 3>,
         pad: Tensor<B, 4, Bool>,
         keep: Tensor<B, 3>,
+        p: Precision,
     ) -> Tensor<B, 3> {
         let x = x.clone()
-            + self.dropout.forward(self.ff1.forward(self.norm_ff1.forward(x))).mul_scalar(0.5);
-        let x =
-            x.clone() + self.dropout.forward(self.att.forward(self.norm_att.forward(x), pos, pad));
-        let x =
-            x.clone() + self.dropout.forward(self.conv.forward(self.norm_conv.forward(x), keep));
+            + self.dropout.forward(self.ff1.forward(self.norm_ff1.forward(x), p)).mul_scalar(0.5);
         let x = x.clone()
-            + self.dropout.forward(self.ff2.forward(self.norm_ff2.forward(x))).mul_scalar(0.5);
+            + self.dropout.forward(self.att.forward(self.norm_att.forward(x), pos, pad, p));
+        let x =
+            x.clone() + self.dropout.forward(self.conv.forward(self.norm_conv.forward(x), keep, p));
+        let x = x.clone()
+            + self.dropout.forward(self.ff2.forward(self.norm_ff2.forward(x), p)).mul_scalar(0.5);
         self.norm_out.forward(x)
     }
 }
@@ -283,6 +293,9 @@ pub struct Encoder<B: Backend> {
     dropout: Dropout,
     d_model: usize,
     xscaling: bool,
+    /// The type of the products (not a parameter: checkpoints are the same whatever it is).
+    #[module(skip)]
+    precision: Precision,
 }
 
 impl<B: Backend> Encoder<B> {
@@ -294,7 +307,13 @@ impl<B: Backend> Encoder<B> {
             dropout: DropoutConfig::new(cfg.dropout).init(),
             d_model: cfg.d_model,
             xscaling: cfg.xscaling,
+            precision: Precision::F32,
         }
+    }
+
+    /// This encoder with its products in `precision`'s type.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        Encoder { precision, ..self }
     }
 
     /// Features `[B, T, F]` with `frame_lens` valid frames each, to encodings `[B, T', d_model]`
@@ -306,7 +325,8 @@ impl<B: Backend> Encoder<B> {
         enc_lens: &[usize],
     ) -> Tensor<B, 3> {
         let device = features.device();
-        let mut x = self.subsampling.forward(features, frame_lens);
+        let p = self.precision;
+        let mut x = self.subsampling.forward(features, frame_lens, p);
         let [b, t, d] = x.dims();
         if self.xscaling {
             x = x.mul_scalar((d as f64).sqrt());
@@ -318,7 +338,7 @@ impl<B: Backend> Encoder<B> {
         let pad = valid.bool_not().reshape([b, 1, 1, t]);
         let mut x = x;
         for layer in &self.layers {
-            x = layer.forward(x, pos.clone(), pad.clone(), keep.clone());
+            x = layer.forward(x, pos.clone(), pad.clone(), keep.clone(), p);
         }
         x
     }

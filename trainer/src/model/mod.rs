@@ -8,6 +8,7 @@ pub mod encoder;
 pub mod greedy;
 pub mod mask;
 pub mod mel;
+pub mod precision;
 
 use burn::prelude::*;
 
@@ -73,6 +74,17 @@ impl<B: Backend> TdtModel<B> {
         // same order, so every drawn value found its place.
         debug_assert_eq!(place.values.len(), 0);
         model
+    }
+
+    /// This model with its products in `precision`'s type (ARCHITECTURE.md, "Mixed precision").
+    /// Not part of the record: the parameters stay f32 and a checkpoint is the same whatever
+    /// the precision it was trained in.
+    pub fn with_precision(self, precision: precision::Precision) -> Self {
+        TdtModel {
+            encoder: self.encoder.with_precision(precision),
+            prediction: self.prediction,
+            joint: self.joint.with_precision(precision),
+        }
     }
 
     /// The model's structure with its parameters not yet drawn (Burn's lazy initialisation).

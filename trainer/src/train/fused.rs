@@ -92,7 +92,7 @@ where
         let u = lens.iter().copied().max().unwrap_or(0).min(u_max);
         let targets: Vec<u32> =
             (start..end).flat_map(|r| x.tokens[r * u_max..r * u_max + u].iter().copied()).collect();
-        let logits = joint.combine(
+        let logits = joint.lattice(
             enc.clone().slice([start..end, 0..t]).unsqueeze_dim(2),
             pred.clone().slice([start..end, 0..u + 1]).unsqueeze_dim(1),
         );

@@ -22,8 +22,12 @@ pub struct StepMetrics {
     pub lr: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Whether the step was skipped (non-finite loss or gradient).
+    /// Whether the step was skipped (non-finite loss or gradient; under f16-mixed also when the
+    /// loss scale was lowered).
     pub skipped: bool,
+    /// The loss scale the step's backward used (f16-mixed only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
     /// Audio seconds in the step.
     pub audio_seconds: f64,
     /// Utterances in the step.

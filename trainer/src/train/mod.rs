@@ -42,6 +42,7 @@ use crate::device_failure::DeviceFailure;
 use crate::eval::EvalError;
 use crate::model::augment::SpecAugmentDraws;
 use crate::model::mel::MelFrontend;
+use crate::model::precision::PrecisionError;
 use crate::model::{ModelConfig, TdtModel};
 use crate::model_source::TokenizerId;
 use asr_plan::batcher::{Audio, LoaderError, PaddedBatch};
@@ -137,6 +138,9 @@ fn paths(l: &[PathBuf]) -> String {
 /// Why training stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
+    /// The precision cannot run on this backend and device.
+    #[error(transparent)]
+    Precision(#[from] PrecisionError),
     /// Too many optimizer steps in a row had a non-finite loss or gradient.
     #[error(
         "{steps} optimizer steps in a row had a non-finite loss or gradient (limit \
@@ -331,6 +335,8 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub skipped: u64,
     /// Steps skipped in a row.
     pub consecutive_skips: u64,
+    /// The dynamic loss scale (f16-mixed only).
+    pub loss_scale: Option<crate::loss_scale::LossScale>,
     /// How gradients travel between processes when the backend has its own way (NCCL).
     pub node_transport: Option<Box<dyn parallel::HostSum>>,
     /// The largest lattice of a micro-batch that ran on this device
@@ -355,8 +361,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
         cfg.validate()?;
         crate::device_failure::watch();
+        let precision = cfg.train.precision;
+        precision.check::<B>(&device, &format!("{device:?}"))?;
         let model =
-            TdtModel::new(&cfg.model, vocab, rng::derive(cfg.train.seed, Stream::Init, 0), &device);
+            TdtModel::new(&cfg.model, vocab, rng::derive(cfg.train.seed, Stream::Init, 0), &device)
+                .with_precision(precision);
         let o = &cfg.optim;
         let optim = AdamWConfig::new()
             .with_beta_1(o.betas.0 as f32)
@@ -378,6 +387,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             micro: 0,
             skipped: 0,
             consecutive_skips: 0,
+            loss_scale: precision.scales_loss().then(crate::loss_scale::LossScale::default),
             node_transport: None,
             largest_fit: None,
         })
@@ -421,7 +431,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         e: Encoded<B>,
         batch: &PaddedBatch,
     ) -> Result<Tensor<B, 1>, TrainError> {
-        let logits = self.model.joint.combine(e.enc.unsqueeze_dim(2), e.pred.unsqueeze_dim(1));
+        let logits = self.model.joint.lattice(e.enc.unsqueeze_dim(2), e.pred.unsqueeze_dim(1));
         let out = self.loss.forward(logits, &batch.tokens, &e.enc_lens, &e.token_lens)?;
         Ok(out.loss)
     }
@@ -547,6 +557,10 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         self.loss.calls = state.loss_calls;
         self.skipped = state.skipped;
         self.consecutive_skips = state.consecutive_skips;
+        // A checkpoint of another precision (or from before f16-mixed) starts the scaler afresh.
+        if self.loss_scale.is_some() {
+            self.loss_scale = Some(state.loss_scale.unwrap_or_default());
+        }
         Ok(())
     }
 
@@ -561,7 +575,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         slots: &[u64],
         divisor: f64,
     ) -> Result<StepGradients, TrainError> {
-        let n = divisor.max(1.0);
+        // Under f16-mixed the loss is multiplied by the scale before backward (`loss_scale`):
+        // the division by the micro-batch count carries it.
+        let n = divisor.max(1.0) / self.scale();
         let mut accum = GradientsAccumulator::<TdtModel<B>>::new();
         let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0u64, false);
         let (mut audio_seconds, mut utterances) = (0.0, 0u64);
@@ -609,25 +625,48 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         }
     }
 
+    /// The factor the loss is multiplied by before backward (1 unless f16-mixed).
+    pub fn scale(&self) -> f64 {
+        self.loss_scale.map_or(1.0, |s| s.scale)
+    }
+
     /// Clips and applies gradients, or skips the step when they are not finite. Returns the
-    /// metrics (without throughput fields) and, when skipped, nothing applied.
+    /// metrics (without throughput fields) and, when skipped, nothing applied. Under f16-mixed
+    /// the gradients arrive multiplied by the loss scale: the norm and the update divide it
+    /// out, and a non-finite step lowers the scale (a skip that does not count towards
+    /// `max_consecutive_skips` while the scale can still fall).
     pub fn apply(&mut self, mut g: StepGradients) -> (f64, f64, bool) {
         if self.step < self.cfg.optim.unfreeze_step {
             grads::drop_grads(&self.model.encoder, &mut g.grads);
         }
-        let norm = grads::global_norm(&self.model, &g.grads);
+        let scale = self.scale();
+        let norm = grads::global_norm(&self.model, &g.grads) / scale;
         let lr = self.lr(g.audio_seconds);
-        let skip = g.non_finite || !norm.is_finite() || g.loss.is_nan();
-        if skip {
-            self.skipped += 1;
-            self.consecutive_skips += 1;
-        } else {
-            let clip = self.cfg.optim.grad_clip;
-            if clip > 0.0 && norm > clip {
-                grads::scale(&self.model, &mut g.grads, clip / norm);
+        let finite = !(g.non_finite || !norm.is_finite() || g.loss.is_nan());
+        let verdict = match &mut self.loss_scale {
+            Some(s) => s.update(finite),
+            None if finite => crate::loss_scale::Verdict::Apply,
+            None => crate::loss_scale::Verdict::NonFinite,
+        };
+        let skip = verdict != crate::loss_scale::Verdict::Apply;
+        match verdict {
+            crate::loss_scale::Verdict::Apply => {
+                let clip = self.cfg.optim.grad_clip;
+                let mut factor = 1.0 / scale;
+                if clip > 0.0 && norm > clip {
+                    factor *= clip / norm;
+                }
+                if factor != 1.0 {
+                    grads::scale(&self.model, &mut g.grads, factor);
+                }
+                self.model = self.optim.step(lr, self.model.clone(), g.grads);
+                self.consecutive_skips = 0;
             }
-            self.model = self.optim.step(lr, self.model.clone(), g.grads);
-            self.consecutive_skips = 0;
+            crate::loss_scale::Verdict::Backoff => self.skipped += 1,
+            crate::loss_scale::Verdict::NonFinite => {
+                self.skipped += 1;
+                self.consecutive_skips += 1;
+            }
         }
         self.step += 1;
         (lr, norm, skip)
@@ -680,6 +719,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let node = self.node_transport.as_deref_mut();
         let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers, node)?;
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
+        let loss_scale = self.loss_scale.map(|s| s.scale);
         let (lr, grad_norm, skipped) = self.apply(g);
         crate::device_failure::check::<B>(&self.device).map_err(|failure| TrainError::Device {
             during: format!("the optimizer update of step {}", self.step - 1),
@@ -722,6 +762,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             lr,
             grad_norm,
             skipped,
+            loss_scale,
             audio_seconds,
             utterances,
             audio_seconds_per_second: audio_seconds / wall,

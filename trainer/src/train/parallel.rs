@@ -107,6 +107,8 @@ impl HostSum for NcclGroup {
 
 impl DeviceAllReduce for burn::backend::NdArray {}
 
+impl DeviceAllReduce for burn::backend::Flex {}
+
 /// wgpu ranks sum through the host collective.
 #[cfg(feature = "wgpu")]
 impl DeviceAllReduce for burn::backend::Wgpu {}

@@ -353,6 +353,7 @@ where
             corpus_utterances: sh.set.len() as u64,
             tokenizer_xxh3: sh.tokenizer_xxh3.clone(),
             corpora: sh.identity.clone(),
+            loss_scale: trainer.loss_scale,
         };
         trainer.save(&ckpt_dir, &state, cfg.train.keep_checkpoints)
     };

@@ -13,6 +13,7 @@ mod nemo;
 mod out_of_memory;
 mod parallel;
 mod plan_cli;
+mod precision;
 mod resume;
 mod tidy;
 mod transcribe;

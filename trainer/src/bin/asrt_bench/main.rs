@@ -122,13 +122,16 @@ enum Bench {
         #[arg(long)]
         unfused: bool,
     },
-    /// Optimizer steps of the tiny model on a corpus (CPU backend).
+    /// Optimizer steps of the tiny model on a corpus (a CPU backend).
     TrainStep {
         corpus: PathBuf,
         #[arg(long, default_value_t = 10)]
         steps: u64,
         #[arg(long, default_value_t = 20.0)]
         max_batch_seconds: f64,
+        /// The CPU backend: ndarray or flex.
+        #[arg(long, default_value = "ndarray")]
+        backend: String,
     },
     /// Parameter count and one forward pass of a preset (CPU backend).
     ModelShape {
@@ -211,9 +214,21 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let out = match Args::parse().bench {
-        Bench::TrainStep { corpus, steps, max_batch_seconds } => {
-            train_step_bench(&corpus, steps, max_batch_seconds)?
-        }
+        Bench::TrainStep { corpus, steps, max_batch_seconds, backend } => match backend.as_str() {
+            "ndarray" => train_step_bench::<burn::backend::Autodiff<burn::backend::NdArray>>(
+                &corpus,
+                steps,
+                max_batch_seconds,
+                &backend,
+            )?,
+            "flex" => train_step_bench::<burn::backend::Autodiff<burn::backend::Flex>>(
+                &corpus,
+                steps,
+                max_batch_seconds,
+                &backend,
+            )?,
+            other => anyhow::bail!("--backend {other:?}: expected ndarray or flex"),
+        },
         Bench::ModelShape { preset, seconds, tokens, vocab, repeats } => {
             model_shape_bench(&preset, seconds, tokens, vocab, repeats)?
         }
@@ -322,7 +337,7 @@ fn main() -> anyhow::Result<()> {
             let devices: Devices = device.parse()?;
             devices.prepare(&kernel_cache(), false)?;
             let v = match devices {
-                Devices::Cpu(_) => tdt_check::run::<burn::backend::Flex>(
+                Devices::Cpu(_) | Devices::Flex(_) => tdt_check::run::<burn::backend::Flex>(
                     &Default::default(),
                     "cpu (burn-flex)",
                     &dtypes,
@@ -689,13 +704,17 @@ fn tdt_bench(
     }))
 }
 
-fn train_step_bench(
+fn train_step_bench<B>(
     path: &std::path::Path,
     steps: u64,
     max_batch_seconds: f64,
-) -> anyhow::Result<serde_json::Value> {
+    backend: &str,
+) -> anyhow::Result<serde_json::Value>
+where
+    B: burn::tensor::backend::AutodiffBackend + asr_tdt::op::TdtBackend,
+    B::InnerBackend: asr_trainer::DeviceAllReduce,
+{
     use asr_trainer::{TrainConfig, Trainer};
-    type B = burn::backend::Autodiff<burn::backend::NdArray>;
     let set = asr_trainer::TrainingSet::open(&[asr_trainer::DataSpec::new(path)])?;
     let corpus = set.corpus(0);
     let mut cfg = TrainConfig::default();
@@ -747,7 +766,7 @@ fn train_step_bench(
         epoch += 1;
     }
     Ok(json!({
-        "bench": "train_step", "preset": "tiny", "parameters": params, "steps": times.len(),
+        "bench": "train_step", "preset": "tiny", "backend": backend, "parameters": params, "steps": times.len(),
         "max_batch_seconds": max_batch_seconds,
         "step_seconds_median": median(times.clone()), "audio_seconds_per_second_median": median(rates),
         "step_seconds_all": times,
