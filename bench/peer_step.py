@@ -2,7 +2,8 @@
 """The peer of an asrt training step: transformers' ParakeetForTDT, same shape, same batch size.
 
     python3 bench/peer_step.py [--device cuda] [--precisions f32,tf32,bf16] [--steps 6]
-                               [--batch-seconds 120] [--preset P] [--json-out FILE]
+                               [--batch-seconds 120] [--preset P] [--layers N] [--forward-only]
+                               [--threads N] [--json-out FILE]
 
 Builds ParakeetForTDT (transformers 5.x) randomly initialised from a config matching asrt's
 `parakeet-tdt-0.6b` preset (24 x 1024 FastConformer, 8x subsampling, 2 x 640 LSTM prediction
@@ -123,6 +124,10 @@ def main():
                     help="the asrt preset whose shape to build (tiny: 2 x 96, 4 heads, 64 mels; small: "
                          "the 0.6B structure at a CPU's width)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="encoder layers instead of the preset's (the 0.6B shape at full width with fewer layers)")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="time the forward pass and loss only (graph built as in training; no backward, no update)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
@@ -161,10 +166,14 @@ def main():
                                     dropout=0.0, layerdrop=0.0, activation_dropout=0.0, attention_dropout=0.0)
         dec_hidden, dec_layers = 96, 1
     else:
+        # asrt's `parakeet-tdt-0.6b`: 128 mels, as Parakeet-TDT-0.6B's preprocessor.
+        mels = 128
         enc = ParakeetEncoderConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=8,
-                                    intermediate_size=4096, subsampling_conv_channels=256,
+                                    intermediate_size=4096, subsampling_conv_channels=256, num_mel_bins=128,
                                     dropout=0.1, layerdrop=0.0, activation_dropout=0.1, attention_dropout=0.1)
         dec_hidden, dec_layers = 640, 2
+    if args.layers > 0:
+        enc.num_hidden_layers = args.layers
     config = ParakeetTDTConfig(vocab_size=args.vocab + 1, blank_token_id=blank, pad_token_id=blank,
                                decoder_hidden_size=dec_hidden, num_decoder_layers=dec_layers,
                                durations=[0, 1, 2, 3, 4], encoder_config=enc)
@@ -184,6 +193,7 @@ def main():
 
     results = {"bench": "peer-step", "torch": torch.__version__, "transformers": transformers.__version__,
                "device": torch.cuda.get_device_name(device) if cuda else "cpu", "preset": args.preset,
+               "layers": enc.num_hidden_layers, "forward_only": args.forward_only,
                "threads": torch.get_num_threads(),
                "runs": {}}
     for run_name in [p for p in args.precisions.split(",") if p]:
@@ -221,10 +231,11 @@ def main():
                             decoder_input_ids=dec_in, labels=None if surrogate else lab)
                 loss = out.loss if not surrogate else \
                     -torch.log_softmax(out.logits.float(), dim=-1)[..., 0].mean()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            if not args.forward_only:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
             sync()
             t2 = time.perf_counter()

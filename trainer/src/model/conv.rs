@@ -102,6 +102,9 @@ impl<B: Backend> Conv3x3S2<B> {
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let x = pad_even(pad_even(x, 1), 2);
         let c = self.weight.dims()[1];
+        if x.dims()[3] == 1 {
+            return self.from_one_channel(x);
+        }
         let rows = taps(x, 1);
         let mut out: Option<Tensor<B, 4>> = None;
         for (r, row) in rows.into_iter().enumerate() {
@@ -117,6 +120,23 @@ impl<B: Backend> Conv3x3S2<B> {
         }
         let out = out.expect("a 3x3 kernel has nine taps, so the loop ran");
         out + self.bias.val().reshape([1, 1, 1, c])
+    }
+}
+
+impl<B: Backend> Conv3x3S2<B> {
+    /// From one input channel (the first stage, on the mel spectrogram), as one product: the
+    /// nine taps side by side `[B * H' * W', 9]` times the weight `[9, C]`. The elementwise
+    /// form below broadcast each tap to all `C` output channels, 17 passes over the stage's
+    /// largest tensor; at the 0.6B shape (256 channels over 128 mels) it was most of the
+    /// subsampling's time (bench/RESULTS.md, "Training step against PyTorch on the CPU").
+    fn from_one_channel(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let c = self.weight.dims()[1];
+        let views: Vec<Tensor<B, 4>> =
+            taps(x, 1).into_iter().flat_map(|row| taps(row, 2)).collect();
+        let [b, h, w, _] = views[0].dims();
+        let cols = Tensor::cat(views, 3).reshape([b * h * w, 9]);
+        let out = cols.matmul(self.weight.val()) + self.bias.val().reshape([1, c]);
+        out.reshape([b, h, w, c])
     }
 }
 

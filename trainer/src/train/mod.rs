@@ -436,6 +436,20 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(out.loss)
     }
 
+    /// The loss of one micro-batch as training computes it (SpecAugment, dither and dropout on,
+    /// the joint whole), without backward or update: the forward half of a step, for
+    /// benchmarks. Advances the micro-batch counter as a step would.
+    pub fn forward_loss(&mut self, batch: &PaddedBatch) -> Result<f64, TrainError> {
+        let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
+        crate::model::seed_backend::<B>(&self.device, seed);
+        self.loss.calls = self.micro;
+        let e = self.encode_batch(batch, true)?;
+        let loss = self.whole_loss(e, batch)?;
+        let value: f32 = loss.into_scalar().elem();
+        self.micro += 1;
+        Ok(f64::from(value))
+    }
+
     /// Utterances per joint call for `e` ([`kernel_limit::utterances_per_call`]), `configured`
     /// lowered to what a kernel can launch over.
     fn joint_part(&self, e: &Encoded<B>, configured: usize) -> Result<usize, TrainError> {

@@ -132,6 +132,22 @@ enum Bench {
         /// The CPU backend: ndarray or flex.
         #[arg(long, default_value = "ndarray")]
         backend: String,
+        /// The model preset (its vocabulary is the corpus's).
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        /// Encoder layers instead of the preset's (the 0.6B shape at full width with fewer
+        /// layers fits a CPU's time).
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Dropout instead of the preset's (bench/peer_step.py's 0.6B shape uses 0.1).
+        #[arg(long)]
+        dropout: Option<f64>,
+        /// f32, bf16-mixed or f16-mixed (not on ndarray).
+        #[arg(long, default_value = "f32")]
+        precision: asr_trainer::Precision,
+        /// Time the forward pass and loss of each batch only (no backward, no update).
+        #[arg(long)]
+        forward_only: bool,
     },
     /// Parameter count and one forward pass of a preset (CPU backend).
     ModelShape {
@@ -214,21 +230,38 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let out = match Args::parse().bench {
-        Bench::TrainStep { corpus, steps, max_batch_seconds, backend } => match backend.as_str() {
-            "ndarray" => train_step_bench::<burn::backend::Autodiff<burn::backend::NdArray>>(
-                &corpus,
-                steps,
-                max_batch_seconds,
-                &backend,
-            )?,
-            "flex" => train_step_bench::<burn::backend::Autodiff<burn::backend::Flex>>(
-                &corpus,
-                steps,
-                max_batch_seconds,
-                &backend,
-            )?,
-            other => anyhow::bail!("--backend {other:?}: expected ndarray or flex"),
-        },
+        Bench::TrainStep {
+            corpus,
+            steps,
+            max_batch_seconds,
+            backend,
+            preset,
+            layers,
+            dropout,
+            precision,
+            forward_only,
+        } => {
+            let mut cfg = asr_trainer::TrainConfig::for_preset(&preset)
+                .with_context(|| format!("unknown preset {preset}"))?;
+            if let Some(n) = layers {
+                cfg.model.encoder.n_layers = n;
+            }
+            if let Some(d) = dropout {
+                cfg.model.encoder.dropout = d;
+            }
+            cfg.train.precision = precision;
+            cfg.train.grad_accum = 1;
+            cfg.train.max_steps = steps + 2;
+            cfg.sampler.max_batch_seconds = max_batch_seconds;
+            let run = StepRun { path: &corpus, steps, cfg, backend: &backend, forward_only };
+            match backend.as_str() {
+                "ndarray" => {
+                    train_step_bench::<burn::backend::Autodiff<burn::backend::NdArray>>(run)?
+                }
+                "flex" => train_step_bench::<burn::backend::Autodiff<burn::backend::Flex>>(run)?,
+                other => anyhow::bail!("--backend {other:?}: expected ndarray or flex"),
+            }
+        }
         Bench::ModelShape { preset, seconds, tokens, vocab, repeats } => {
             model_shape_bench(&preset, seconds, tokens, vocab, repeats)?
         }
@@ -704,23 +737,24 @@ fn tdt_bench(
     }))
 }
 
-fn train_step_bench<B>(
-    path: &std::path::Path,
+/// What `train-step` runs.
+struct StepRun<'a> {
+    path: &'a std::path::Path,
     steps: u64,
-    max_batch_seconds: f64,
-    backend: &str,
-) -> anyhow::Result<serde_json::Value>
+    cfg: asr_trainer::TrainConfig,
+    backend: &'a str,
+    forward_only: bool,
+}
+
+fn train_step_bench<B>(run: StepRun<'_>) -> anyhow::Result<serde_json::Value>
 where
     B: burn::tensor::backend::AutodiffBackend + asr_tdt::op::TdtBackend,
     B::InnerBackend: asr_trainer::DeviceAllReduce,
 {
-    use asr_trainer::{TrainConfig, Trainer};
+    use asr_trainer::Trainer;
+    let StepRun { path, steps, cfg, backend, forward_only } = run;
     let set = asr_trainer::TrainingSet::open(&[asr_trainer::DataSpec::new(path)])?;
     let corpus = set.corpus(0);
-    let mut cfg = TrainConfig::default();
-    cfg.train.grad_accum = 1;
-    cfg.train.max_steps = steps + 2;
-    cfg.sampler.max_batch_seconds = max_batch_seconds;
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
     let params;
     let mut trainer = Trainer::<B>::new(cfg.clone(), vocab, Default::default())
@@ -732,6 +766,7 @@ where
     let rate = f64::from(corpus.header().sample_rate);
     let mut times = Vec::new();
     let mut rates = Vec::new();
+    let mut audios = Vec::new();
     let mut epoch = 0;
     'outer: loop {
         let plan = EpochPlan::build(
@@ -751,13 +786,26 @@ where
                 .map(|&b| assemble(corpus, plan.batch(b), ShapePolicy::default(), AudioFormat::I16))
                 .collect();
             let t = Instant::now();
-            let m =
-                trainer.train_step(&batches, &set, epoch).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let audio = if forward_only {
+                let mut audio = 0.0;
+                for b in &batches {
+                    trainer.forward_loss(b).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    audio += b.seconds;
+                }
+                trainer.step += 1;
+                audio
+            } else {
+                let m = trainer
+                    .train_step(&batches, &set, epoch)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                m.audio_seconds
+            };
             let dt = t.elapsed().as_secs_f64();
             // The first two steps warm allocators and caches.
             if trainer.step > 2 {
                 times.push(dt);
-                rates.push(m.audio_seconds / dt);
+                rates.push(audio / dt);
+                audios.push(audio);
             }
             if trainer.step >= steps + 2 {
                 break 'outer;
@@ -766,8 +814,10 @@ where
         epoch += 1;
     }
     Ok(json!({
-        "bench": "train_step", "preset": "tiny", "backend": backend, "parameters": params, "steps": times.len(),
-        "max_batch_seconds": max_batch_seconds,
+        "bench": "train_step", "preset": cfg.preset, "layers": cfg.model.encoder.n_layers,
+        "backend": backend, "precision": cfg.train.precision.to_string(), "forward_only": forward_only,
+        "threads": rayon::current_num_threads(), "parameters": params, "steps": times.len(),
+        "max_batch_seconds": cfg.sampler.max_batch_seconds, "audio_seconds_median": median(audios),
         "step_seconds_median": median(times.clone()), "audio_seconds_per_second_median": median(rates),
         "step_seconds_all": times,
     }))
