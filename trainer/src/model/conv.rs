@@ -103,7 +103,7 @@ impl<B: Backend> Conv3x3S2<B> {
         let x = pad_even(pad_even(x, 1), 2);
         let c = self.weight.dims()[1];
         if x.dims()[3] == 1 {
-            return self.from_one_channel(x);
+            return self.one_channel(x);
         }
         let rows = taps(x, 1);
         let mut out: Option<Tensor<B, 4>> = None;
@@ -129,7 +129,7 @@ impl<B: Backend> Conv3x3S2<B> {
     /// form below broadcast each tap to all `C` output channels, 17 passes over the stage's
     /// largest tensor; at the 0.6B shape (256 channels over 128 mels) it was most of the
     /// subsampling's time (bench/RESULTS.md, "Training step against PyTorch on the CPU").
-    fn from_one_channel(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    fn one_channel(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let c = self.weight.dims()[1];
         let views: Vec<Tensor<B, 4>> =
             taps(x, 1).into_iter().flat_map(|row| taps(row, 2)).collect();
