@@ -325,7 +325,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "d2": "0.6B preset, larger batch",
+             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:

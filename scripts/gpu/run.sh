@@ -20,6 +20,8 @@
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
+#   db   d's plan in bf16-mixed (f16-mixed in a dry run: lavapipe has no bfloat16), run twice so
+#        that the second run finds its kernels compiled: compare with dw (ASRT_DB_PRECISION)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
 #        time scales with the batch
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
@@ -261,6 +263,26 @@ step_dw() {
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
+# d's plan in mixed precision, twice: the half-type kernels are new shapes to CubeCL, so the
+# first run compiles them and the second (db-run) gives the steady step to compare with dw.
+step_db() {
+  [ -f "$work/parakeet.toml" ] || { echo "db runs after d (it reuses d's corpus and configuration)"; return 2; }
+  local p="${ASRT_DB_PRECISION:-bf16-mixed}" steps="$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  [ "$dry" = 1 ] && p=f16-mixed
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db0-run" \
+    --device "$train_dev" --max-steps "$steps" --precision "$p" || return $?
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/db-memory.csv" 2>/dev/null &
+    local smi=$!
+  fi
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db-run" \
+    --device "$train_dev" --max-steps "$steps" --precision "$p"
+  local rc=$?
+  [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+  return $rc
+}
+check_db() { py train-big "$1" "$logs/db.log" "$work" db; }
+
 # The same preset at a larger batch (ASRT_D2_BATCH_SECONDS, default 360) over more utterances
 # (the planner batches utterances of similar length: 96 give batches of about 110 s whatever the
 # limit). A step bound by launching kernels from the host costs about the same at any batch.
@@ -347,7 +369,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f step_env step_c step_d step_dw step_d2 step_e step_f step_g long_corpus big_config
+export -f step_env step_c step_d step_dw step_db step_d2 step_e step_f step_g long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -357,6 +379,7 @@ run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b
 run_step c 600 step_c
 run_step d 600 step_d
 run_step dw 300 step_dw
+run_step db 400 step_db
 run_step d2 300 step_d2
 run_step e 400 step_e
 run_step f 300 step_f
