@@ -20,8 +20,8 @@
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
-#   db   d's plan in bf16-mixed (f16-mixed in a dry run: lavapipe has no bfloat16), run twice so
-#        that the second run finds its kernels compiled: compare with dw (ASRT_DB_PRECISION)
+#   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
+#        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
 #        time scales with the batch
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
@@ -267,16 +267,17 @@ check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 # first run compiles them and the second (db-run) gives the steady step to compare with dw.
 step_db() {
   [ -f "$work/parakeet.toml" ] || { echo "db runs after d (it reuses d's corpus and configuration)"; return 2; }
-  local p="${ASRT_DB_PRECISION:-bf16-mixed}" steps="$([ "$dry" = 1 ] && echo 2 || echo 6)"
-  [ "$dry" = 1 ] && p=f16-mixed
+  local p="${ASRT_DB_PRECISION:-bf16-mixed}" steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" dev="$train_dev"
+  # The dry run's CPU backend (NdArray) has no half type; burn-flex, the other CPU backend, has.
+  [ "$dry" = 1 ] && dev=flex
   "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db0-run" \
-    --device "$train_dev" --max-steps "$steps" --precision "$p" || return $?
+    --device "$dev" --max-steps "$steps" --precision "$p" || return $?
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/db-memory.csv" 2>/dev/null &
     local smi=$!
   fi
   "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db-run" \
-    --device "$train_dev" --max-steps "$steps" --precision "$p"
+    --device "$dev" --max-steps "$steps" --precision "$p"
   local rc=$?
   [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
   return $rc
