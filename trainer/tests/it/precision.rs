@@ -236,6 +236,8 @@ fn f16_mixed_run_resumes_exactly_with_f32_checkpoints() {
 /// The refusals: NdArray (`cpu`) computes in neither half type, and says what to use.
 #[test]
 fn half_precision_on_ndarray_is_refused_before_anything_runs() {
+    // Compiling the example runs on rayon's pool, whose timing the other tests' sums depend on.
+    let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
     let corpus = example(dir.path());
     let set = TrainingSet::open(&[DataSpec::new(&corpus)]).unwrap();
