@@ -178,15 +178,15 @@ impl Devices {
         }
     }
 
-    /// The first device's name, as the command line gives it.
-    pub fn first_name(&self) -> String {
+    /// The first device (its `Display` is the command line's name).
+    pub fn first(&self) -> Device {
         match self {
-            Devices::Cpu(_) => "cpu".to_owned(),
-            Devices::Flex(_) => "flex".to_owned(),
+            Devices::Cpu(_) => Device::Cpu,
+            Devices::Flex(_) => Device::Flex,
             #[cfg(feature = "cuda")]
-            Devices::Cuda(v) => format!("cuda:{}", v.first().copied().unwrap_or(0)),
+            Devices::Cuda(v) => Device::Cuda(v.first().copied().unwrap_or(0)),
             #[cfg(feature = "wgpu")]
-            Devices::Wgpu(_) => "wgpu".to_owned(),
+            Devices::Wgpu(_) => Device::Wgpu,
         }
     }
 
@@ -364,7 +364,7 @@ pub fn check_precision(devices: &Devices, precision: Precision) -> Result<(), Pr
         // f32 runs everywhere; asking would start a GPU client for nothing.
         return Ok(());
     }
-    let name = devices.first_name();
+    let name = devices.first().to_string();
     dispatch(devices, Check { precision, name })
 }
 

@@ -121,9 +121,7 @@ impl<B: Backend> Conv3x3S2<B> {
         let out = out.expect("a 3x3 kernel has nine taps, so the loop ran");
         out + self.bias.val().reshape([1, 1, 1, c])
     }
-}
 
-impl<B: Backend> Conv3x3S2<B> {
     /// From one input channel (the first stage, on the mel spectrogram), as one product: the
     /// nine taps side by side `[B * H' * W', 9]` times the weight `[9, C]`. The elementwise
     /// form below broadcast each tap to all `C` output channels, 17 passes over the stage's

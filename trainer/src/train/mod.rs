@@ -40,6 +40,7 @@ use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::config::{ConfigError, TrainConfig};
 use crate::device_failure::DeviceFailure;
 use crate::eval::EvalError;
+use crate::loss_scale::Verdict;
 use crate::model::augment::SpecAugmentDraws;
 use crate::model::mel::MelFrontend;
 use crate::model::precision::PrecisionError;
@@ -440,14 +441,21 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// the joint whole), without backward or update: the forward half of a step, for
     /// benchmarks. Advances the micro-batch counter as a step would.
     pub fn forward_loss(&mut self, batch: &PaddedBatch) -> Result<f64, TrainError> {
-        let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
-        crate::model::seed_backend::<B>(&self.device, seed);
-        self.loss.calls = self.micro;
+        self.begin_micro(self.micro);
         let e = self.encode_batch(batch, true)?;
         let loss = self.whole_loss(e, batch)?;
         let value: f32 = loss.into_scalar().elem();
         self.micro += 1;
         Ok(f64::from(value))
+    }
+
+    /// Makes micro-batch `slot` the current one: its number, its loss branch, the backend's
+    /// generator seeded from it (dropout).
+    fn begin_micro(&mut self, slot: u64) {
+        self.micro = slot;
+        self.loss.calls = slot;
+        let seed = rng::derive(self.cfg.train.seed, Stream::Backend, slot);
+        crate::model::seed_backend::<B>(&self.device, seed);
     }
 
     /// Utterances per joint call for `e` ([`kernel_limit::utterances_per_call`]), `configured`
@@ -596,10 +604,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0u64, false);
         let (mut audio_seconds, mut utterances) = (0.0, 0u64);
         for (batch, &slot) in batches.iter().zip(slots) {
-            self.micro = slot;
-            self.loss.calls = slot;
-            let seed = rng::derive(self.cfg.train.seed, Stream::Backend, self.micro);
-            crate::model::seed_backend::<B>(&self.device, seed);
+            self.begin_micro(slot);
             let result =
                 match crate::device_failure::contain(|| self.micro_batch_gradients(batch, n)) {
                     Ok(result) => result?,
@@ -659,12 +664,12 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let finite = !(g.non_finite || !norm.is_finite() || g.loss.is_nan());
         let verdict = match &mut self.loss_scale {
             Some(s) => s.update(finite),
-            None if finite => crate::loss_scale::Verdict::Apply,
-            None => crate::loss_scale::Verdict::NonFinite,
+            None if finite => Verdict::Apply,
+            None => Verdict::NonFinite,
         };
-        let skip = verdict != crate::loss_scale::Verdict::Apply;
+        let skip = verdict != Verdict::Apply;
         match verdict {
-            crate::loss_scale::Verdict::Apply => {
+            Verdict::Apply => {
                 let clip = self.cfg.optim.grad_clip;
                 let mut factor = 1.0 / scale;
                 if clip > 0.0 && norm > clip {
@@ -676,8 +681,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 self.model = self.optim.step(lr, self.model.clone(), g.grads);
                 self.consecutive_skips = 0;
             }
-            crate::loss_scale::Verdict::Backoff => self.skipped += 1,
-            crate::loss_scale::Verdict::NonFinite => {
+            Verdict::Backoff => self.skipped += 1,
+            Verdict::NonFinite => {
                 self.skipped += 1;
                 self.consecutive_skips += 1;
             }
