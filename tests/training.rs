@@ -217,6 +217,18 @@ fn tiny_model_overfits_five_utterances() {
 /// 75). The step-1 loss is within 1 % of f32's from the same weights.
 #[test]
 fn tiny_model_memorises_five_utterances_in_bf16_mixed_on_flex() {
+    memorises_in(asr_trainer::Precision::Bf16Mixed);
+}
+
+/// The same in f16-mixed, through its dynamic loss scale: the steps the scaler skips (an
+/// overflow at 2^16 halves the scale) are counted, and the run still memorises.
+#[test]
+fn tiny_model_memorises_five_utterances_in_f16_mixed_on_flex() {
+    memorises_in(asr_trainer::Precision::F16Mixed);
+}
+
+/// The memorisation recipe in `precision` on burn-flex (the CPU backend with half types).
+fn memorises_in(precision: asr_trainer::Precision) {
     use asr_trainer::{dispatch, Devices, Precision, RunOn};
     let dir = tempfile::tempdir().unwrap();
     let corpus = compile_example(dir.path(), Some(1.78));
@@ -242,19 +254,22 @@ fn tiny_model_memorises_five_utterances_in_bf16_mixed_on_flex() {
         )
         .unwrap()
     };
-    let half = run(Precision::Bf16Mixed, "bf16", 100);
+    let half = run(precision, "half", 100);
     let f32_first = run(Precision::F32, "f32", 1).metrics[0].loss;
     let first = half.metrics[0].loss;
-    eprintln!("step 1 loss: bf16-mixed {first}, f32 {f32_first}");
+    eprintln!("step 1 loss: {precision:?} {first}, f32 {f32_first}");
     assert!((first - f32_first).abs() < 0.01 * f32_first, "{first} vs {f32_first}");
     let cer: Vec<f64> = half
         .metrics
         .iter()
         .filter_map(|m| m.validation.as_ref().and_then(|v| v["cer"].as_f64()))
         .collect();
+    let skipped = half.metrics.iter().filter(|m| m.skipped).count();
+    let last = half.metrics.last().unwrap();
     eprintln!(
-        "bf16-mixed: validation CER at step 100 {cer:?}, last loss {}",
-        half.metrics[99].loss
+        "{precision:?}: validation CER at step 100 {cer:?}, last loss {}, {skipped} steps skipped, \
+         loss scale {:?}",
+        last.loss, last.loss_scale
     );
     assert_eq!(cer, vec![0.0], "CER at step 100, as in f32");
 }

@@ -303,10 +303,11 @@ def check_refusals(rc, log, dry):
             nccl = json.loads(m.group(0))
         except ValueError:
             nccl = None
-    nccl_ok = bool(nccl and nccl["in_process_all_reduce_ok"] and nccl["communicator_ok"])
+    nccl_ok = bool(nccl and nccl["in_process_all_reduce_ok"] and nccl["communicator_ok"]
+                   and nccl.get("fused_all_reduce_ok"))
     ok = twice and missing and nccl_ok
     nccl_s = (f"NCCL at world size 1: in-process {'ok' if nccl['in_process_all_reduce_ok'] else 'WRONG'} "
-              f"({nccl['in_process_seconds']:.2f} s), communicator {'ok' if nccl['communicator_ok'] else 'WRONG'} "
+              f"({nccl['in_process_seconds']:.2f} s), fused {'ok' if nccl.get('fused_all_reduce_ok') else 'WRONG'}, communicator {'ok' if nccl['communicator_ok'] else 'WRONG'} "
               f"({nccl['communicator_seconds']:.2f} s)") if nccl else f"NCCL check failed: {tail(log, 2)}"
     return (f"{'PASS' if ok else 'FAIL'}: duplicate ordinal {'refused' if twice else 'NOT refused'}, "
             f"missing ordinal {'refused naming ' + missing.group(1) + ' device(s)' if missing else 'NOT refused'}; "
@@ -325,7 +326,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
+             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:

@@ -20,6 +20,8 @@
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
+#        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
+#   du   dw with --fusion off (one kernel per operation): what fusion gains
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
@@ -263,6 +265,18 @@ step_dw() {
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
+# dw without fusion: each tensor operation its own kernel, as every run before fusion was. Run
+# twice, as db is: the unfused kernels are not in the cache d left.
+step_du() {
+  [ -f "$work/parakeet.toml" ] || { echo "du runs after d (it reuses d's corpus and configuration)"; return 2; }
+  local steps="$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du0-run" \
+    --device "$train_dev" --max-steps 2 --fusion off || return $?
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du-run" \
+    --device "$train_dev" --max-steps "$steps" --fusion off
+}
+check_du() { py train-big "$1" "$logs/du.log" "$work" du; }
+
 # d's plan in mixed precision, twice: the half-type kernels are new shapes to CubeCL, so the
 # first run compiles them and the second (db-run) gives the steady step to compare with dw.
 step_db() {
@@ -370,7 +384,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f step_env step_c step_d step_dw step_db step_d2 step_e step_f step_g long_corpus big_config
+export -f step_env step_c step_d step_dw step_du step_db step_d2 step_e step_f step_g long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -380,6 +394,7 @@ run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b
 run_step c 600 step_c
 run_step d 600 step_d
 run_step dw 300 step_dw
+run_step du 300 step_du
 run_step db 400 step_db
 run_step d2 300 step_d2
 run_step e 400 step_e

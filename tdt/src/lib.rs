@@ -7,6 +7,8 @@
 //!   closed-form gradient computed in the forward pass.
 //! - `kernels`, `cube`: the same loss as CubeCL kernels (f32 accumulation, f32/f16/bf16 logits)
 //!   and the extension for Burn's CubeCL backends (wgpu, CUDA): the logits stay on the device.
+//! - `fusion`: the extension for Burn's fusion backend over a CubeCL one (resolves the logits,
+//!   runs the inner backend's kernels, registers the results back).
 //! - `greedy`: NeMo's `greedy_batch` (label-looping) TDT decoding over small traits.
 //!
 //! Semantics follow NeMo's TDT loss (lattice, sigma, omega, FastEmit, clamp, reductions) as
@@ -23,6 +25,8 @@ pub mod cpu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[allow(unsafe_code)]
 pub mod cube;
+#[cfg(feature = "fusion")]
+pub mod fusion;
 pub mod greedy;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernels;

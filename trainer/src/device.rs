@@ -123,6 +123,19 @@ impl FromStr for Device {
     }
 }
 
+/// Whether a GPU run goes through Burn's fusion backend (`Fusion<CubeBackend>`), which queues
+/// tensor operations and merges element-wise, reduction and matmul-epilogue chains into single
+/// kernels. On by default; `off` runs each operation as its own kernel (for comparison, or
+/// around a fusion bug). The CPU backends have no fusion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Fusion {
+    /// Fused kernels.
+    #[default]
+    On,
+    /// One kernel per operation.
+    Off,
+}
+
 /// The devices of one run: at least one, all of one kind, no CUDA device twice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Devices {
@@ -132,10 +145,10 @@ pub enum Devices {
     Flex(usize),
     /// One rank per listed CUDA device.
     #[cfg(feature = "cuda")]
-    Cuda(Vec<usize>),
+    Cuda(Vec<usize>, Fusion),
     /// `n` ranks on wgpu's default adapter.
     #[cfg(feature = "wgpu")]
-    Wgpu(usize),
+    Wgpu(usize, Fusion),
 }
 
 impl Devices {
@@ -150,7 +163,7 @@ impl Devices {
             Device::Cpu => Devices::Cpu(list.len()),
             Device::Flex => Devices::Flex(list.len()),
             #[cfg(feature = "wgpu")]
-            Device::Wgpu => Devices::Wgpu(list.len()),
+            Device::Wgpu => Devices::Wgpu(list.len(), Fusion::On),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
                 let mut ordinals = Vec::with_capacity(list.len());
@@ -162,9 +175,21 @@ impl Devices {
                         ordinals.push(n);
                     }
                 }
-                Devices::Cuda(ordinals)
+                Devices::Cuda(ordinals, Fusion::On)
             }
         })
+    }
+
+    /// These devices with fusion `f` (the CPU backends have none: unchanged).
+    #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(unused_variables))]
+    pub fn with_fusion(self, f: Fusion) -> Devices {
+        match self {
+            #[cfg(feature = "cuda")]
+            Devices::Cuda(v, _) => Devices::Cuda(v, f),
+            #[cfg(feature = "wgpu")]
+            Devices::Wgpu(n, _) => Devices::Wgpu(n, f),
+            other => other,
+        }
     }
 
     /// Ranks in this process.
@@ -172,9 +197,9 @@ impl Devices {
         match self {
             Devices::Cpu(n) | Devices::Flex(n) => *n,
             #[cfg(feature = "cuda")]
-            Devices::Cuda(v) => v.len(),
+            Devices::Cuda(v, _) => v.len(),
             #[cfg(feature = "wgpu")]
-            Devices::Wgpu(n) => *n,
+            Devices::Wgpu(n, _) => *n,
         }
     }
 
@@ -184,9 +209,9 @@ impl Devices {
             Devices::Cpu(_) => Device::Cpu,
             Devices::Flex(_) => Device::Flex,
             #[cfg(feature = "cuda")]
-            Devices::Cuda(v) => Device::Cuda(v.first().copied().unwrap_or(0)),
+            Devices::Cuda(v, _) => Device::Cuda(v.first().copied().unwrap_or(0)),
             #[cfg(feature = "wgpu")]
-            Devices::Wgpu(_) => Device::Wgpu,
+            Devices::Wgpu(..) => Device::Wgpu,
         }
     }
 
@@ -206,9 +231,9 @@ impl Devices {
         match self {
             Devices::Cpu(_) | Devices::Flex(_) => {}
             #[cfg(feature = "wgpu")]
-            Devices::Wgpu(_) => cache.install()?,
+            Devices::Wgpu(..) => cache.install()?,
             #[cfg(feature = "cuda")]
-            Devices::Cuda(ordinals) => {
+            Devices::Cuda(ordinals, _) => {
                 let link_dir = match cache.dir() {
                     Some(d) => d.join("nccl"),
                     None => std::env::temp_dir().join("asrt-nccl"),
@@ -227,9 +252,9 @@ impl From<Device> for Devices {
             Device::Cpu => Devices::Cpu(1),
             Device::Flex => Devices::Flex(1),
             #[cfg(feature = "cuda")]
-            Device::Cuda(n) => Devices::Cuda(vec![n]),
+            Device::Cuda(n) => Devices::Cuda(vec![n], Fusion::On),
             #[cfg(feature = "wgpu")]
-            Device::Wgpu => Devices::Wgpu(1),
+            Device::Wgpu => Devices::Wgpu(1, Fusion::On),
         }
     }
 }
@@ -262,6 +287,11 @@ pub struct DeviceArgs {
     /// $XDG_CACHE_HOME/asrt/kernels, else ~/.cache/asrt/kernels.
     #[arg(long, value_name = "DIR")]
     pub kernel_cache: Option<PathBuf>,
+    /// On cuda and wgpu: `on` runs through Burn's fusion backend, which merges chains of
+    /// element-wise operations (and reductions, and matmul epilogues) into single kernels;
+    /// `off` launches one kernel per operation. Results agree within rounding either way.
+    #[arg(long, value_enum, default_value = "on")]
+    pub fusion: Fusion,
 }
 
 /// Why the devices cannot be used on this machine.
@@ -282,6 +312,7 @@ impl DeviceArgs {
             Some(d) => d.clone(),
             None => Devices::from(self.device),
         }
+        .with_fusion(self.fusion)
     }
 
     /// The kernel cache the flag and the environment name.
@@ -304,6 +335,16 @@ impl DeviceArgs {
     }
 }
 
+/// Burn's CUDA backend through its fusion backend (`burn::backend::Cuda` is the unfused
+/// CubeCL backend in this build: Burn's own `fusion` feature, which would make that alias fused
+/// everywhere, is off, so both can be chosen at run time).
+#[cfg(feature = "cuda")]
+pub type FusedCuda = burn_fusion::Fusion<burn::backend::Cuda>;
+
+/// Burn's wgpu backend through its fusion backend (see [`FusedCuda`]).
+#[cfg(feature = "wgpu")]
+pub type FusedWgpu = burn_fusion::Fusion<burn::backend::Wgpu>;
+
 /// Work that runs on whichever backend the devices name.
 pub trait OnBackend {
     /// What the work returns.
@@ -316,7 +357,8 @@ pub trait OnBackend {
         B::InnerBackend: DeviceAllReduce;
 }
 
-/// Runs `work` on the backend `devices` name: the only place a backend type is chosen.
+/// Runs `work` on the backend `devices` name (fused or not on a GPU): the only place a backend
+/// type is chosen.
 pub fn dispatch<W: OnBackend>(devices: &Devices, work: W) -> W::Output {
     use burn::backend::Autodiff;
     match devices {
@@ -325,14 +367,22 @@ pub fn dispatch<W: OnBackend>(devices: &Devices, work: W) -> W::Output {
         }
         Devices::Flex(n) => work.run::<Autodiff<burn::backend::Flex>>(vec![Default::default(); *n]),
         #[cfg(feature = "cuda")]
-        Devices::Cuda(ordinals) => work.run::<Autodiff<burn::backend::Cuda>>(
-            ordinals.iter().map(|&n| burn::backend::cuda::CudaDevice::new(n)).collect(),
-        ),
+        Devices::Cuda(ordinals, fusion) => {
+            let devices =
+                ordinals.iter().map(|&n| burn::backend::cuda::CudaDevice::new(n)).collect();
+            match fusion {
+                Fusion::On => work.run::<Autodiff<FusedCuda>>(devices),
+                Fusion::Off => work.run::<Autodiff<burn::backend::Cuda>>(devices),
+            }
+        }
         #[cfg(feature = "wgpu")]
-        Devices::Wgpu(n) => work.run::<Autodiff<burn::backend::Wgpu>>(vec![
-            burn::backend::wgpu::WgpuDevice::DefaultDevice;
-            *n
-        ]),
+        Devices::Wgpu(n, fusion) => {
+            let devices = vec![burn::backend::wgpu::WgpuDevice::DefaultDevice; *n];
+            match fusion {
+                Fusion::On => work.run::<Autodiff<FusedWgpu>>(devices),
+                Fusion::Off => work.run::<Autodiff<burn::backend::Wgpu>>(devices),
+            }
+        }
     }
 }
 
@@ -522,13 +572,20 @@ mod tests {
         );
         #[cfg(feature = "cuda")]
         {
-            assert_eq!("cuda:0,cuda:1".parse::<Devices>(), Ok(Devices::Cuda(vec![0, 1])));
+            assert_eq!(
+                "cuda:0,cuda:1".parse::<Devices>(),
+                Ok(Devices::Cuda(vec![0, 1], Fusion::On))
+            );
             assert_eq!("cuda:0,cuda:0".parse::<Devices>(), Err(DeviceError::DuplicateCuda(0)));
             assert!(matches!("cpu,cuda:0".parse::<Devices>(), Err(DeviceError::Mixed(_))));
         }
         #[cfg(feature = "wgpu")]
         {
-            assert_eq!("wgpu,wgpu".parse::<Devices>(), Ok(Devices::Wgpu(2)));
+            assert_eq!("wgpu,wgpu".parse::<Devices>(), Ok(Devices::Wgpu(2, Fusion::On)));
+            assert_eq!(
+                Devices::Wgpu(2, Fusion::On).with_fusion(Fusion::Off),
+                Devices::Wgpu(2, Fusion::Off)
+            );
             assert_eq!("cpu,wgpu".parse::<Devices>(), Err(DeviceError::Mixed("cpu,wgpu".into())));
         }
     }

@@ -77,9 +77,13 @@ pub use transcribe::timestamps::{
     Span, Timestamps, TokenTime,
 };
 // Where work runs: devices, the backend dispatcher, the CPU entry points.
+#[cfg(feature = "cuda")]
+pub use device::FusedCuda;
+#[cfg(feature = "wgpu")]
+pub use device::FusedWgpu;
 pub use device::{
     check_precision, dispatch, evaluate_model_cpu, run_cpu, run_cpu_ranks, Device, DeviceArgs,
-    DeviceError, Devices, EvalOn, OnBackend, RunOn, SetupError,
+    DeviceError, Devices, EvalOn, Fusion, OnBackend, RunOn, SetupError,
 };
 pub use kernel_cache::KernelCache;
 // Training.

@@ -17,16 +17,30 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 
 type W = Wgpu<f32, i32, u32>;
 
+/// The same backend through Burn's fusion (`asr_tdt::fusion`).
+#[cfg(feature = "fusion")]
+type Fused = burn_fusion::Fusion<W>;
+
 /// Costs and gradients from the kernels, logits stored as `dtype`.
 fn kernel(c: &Case, dtype: DType) -> Result<(Vec<f64>, Vec<f32>), TdtError> {
+    kernel_on::<W>(c, dtype)
+}
+
+/// [`kernel`] on backend `X` (wgpu's default device, fused or not).
+fn kernel_on<X: TdtBackend<Device = WgpuDevice>>(
+    c: &Case,
+    dtype: DType,
+) -> Result<(Vec<f64>, Vec<f32>), TdtError> {
     let device = WgpuDevice::default();
-    let x = Tensor::<W, 4>::from_data(
+    let x = Tensor::<X, 4>::from_data(
         TensorData::new(c.logits.clone(), c.dims).convert_dtype(dtype),
         (&device, dtype),
     );
-    let (costs, grads) = W::tdt_forward(x.into_primitive().tensor(), &c.problem, true)?;
-    let costs = Tensor::<W, 1>::from_primitive(TensorPrimitive::Float(costs));
-    let grads = Tensor::<W, 4>::from_primitive(TensorPrimitive::Float(grads.unwrap()));
+    // Queued work before the loss, as in training (the fused backend launches it on resolve).
+    let x = x.mul_scalar(1.0).add_scalar(0.0);
+    let (costs, grads) = X::tdt_forward(x.into_primitive().tensor(), &c.problem, true)?;
+    let costs = Tensor::<X, 1>::from_primitive(TensorPrimitive::Float(costs));
+    let grads = Tensor::<X, 4>::from_primitive(TensorPrimitive::Float(grads.unwrap()));
     let costs: Vec<f64> = costs.into_data().convert::<f64>().to_vec().unwrap();
     let grads: Vec<f32> = grads.into_data().convert::<f32>().to_vec().unwrap();
     Ok((costs, grads))
@@ -199,3 +213,27 @@ fn f16_logits_at_parakeet_widths() {
 // The bounds are 3.2x and 4.7x the measurement.
 const F16_PARAKEET_COST_REL: f64 = 1e-3;
 const F16_PARAKEET_GRAD_ABS: f64 = 2e-3;
+
+/// Through Burn's fusion the loss runs the same kernels on the same values: results equal the
+/// unfused backend's bit for bit, checks stay errors, and autodiff's backward is unchanged.
+#[cfg(feature = "fusion")]
+#[test]
+fn the_fused_backend_runs_the_same_kernels() {
+    let options = TdtOptions { omega: 0.0, ..TdtOptions::default() };
+    for (seed, rnnt) in [(301, false), (302, true)] {
+        let c = case(seed, 4, 40, &options, rnnt);
+        let plain = kernel_on::<W>(&c, DType::F32).unwrap();
+        let fused = kernel_on::<Fused>(&c, DType::F32).unwrap();
+        assert_eq!(plain, fused, "seed {seed}");
+        let (want_c, want_g) = reference(&c, &c.logits);
+        for (g, w) in fused.0.iter().zip(&want_c) {
+            assert!((g - w).abs() <= 2e-5 * w.abs() + 1e-4, "cost {g} vs {w}");
+        }
+        assert!(max_abs(&fused.1, &want_g) <= 2e-5);
+    }
+    let mut bad_target = sized(5, [2, 4, 3], 9, &options, false);
+    bad_target.problem.targets[0] = 8;
+    let err = kernel_on::<Fused>(&bad_target, DType::F32).unwrap_err();
+    assert_eq!(err, TdtError::Target { utterance: 0, position: 0, id: 8, blank: 8 });
+    crate::tdt::check_backward::<burn::backend::Autodiff<Fused>>(&WgpuDevice::default());
+}

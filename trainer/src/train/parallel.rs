@@ -149,6 +149,38 @@ impl DeviceAllReduce for burn::backend::Cuda {
     }
 }
 
+/// wgpu through fusion: ranks sum through the host collective, as unfused.
+#[cfg(feature = "wgpu")]
+impl DeviceAllReduce for crate::device::FusedWgpu {}
+
+/// CUDA through fusion: the gradients' queued work is launched and their buffer handed to the
+/// unfused backend's NCCL all-reduce above; the sum is registered back with the fusion client.
+#[cfg(feature = "cuda")]
+impl DeviceAllReduce for crate::device::FusedCuda {
+    const DEVICE_ALL_REDUCE: bool = true;
+
+    fn device_all_reduce(t: Tensor<Self, 1>, peers: &[Self::Device]) -> Tensor<Self, 1> {
+        use burn::tensor::TensorPrimitive;
+        type Inner = burn::backend::Cuda;
+        let prim = t.into_primitive().tensor();
+        let client = prim.client.clone();
+        let inner = client.resolve_tensor_float::<Inner>(prim);
+        let summed = <Inner as DeviceAllReduce>::device_all_reduce(
+            Tensor::from_primitive(TensorPrimitive::Float(inner)),
+            peers,
+        );
+        let back = asr_tdt::fusion::adopt::<Inner>(&client, summed.into_primitive().tensor());
+        Tensor::from_primitive(TensorPrimitive::Float(back))
+    }
+
+    fn node_transport(
+        device: &Self::Device,
+        c: &mut dyn Collective,
+    ) -> Result<Option<Box<dyn HostSum>>, CollectiveError> {
+        <burn::backend::Cuda as DeviceAllReduce>::node_transport(device, c)
+    }
+}
+
 /// Sums `g` over the ranks of `c` (nothing to do for one rank). The gradients are laid out as one
 /// tensor on `device`; when every rank is a device of this process (`peers`, in rank order) and
 /// the backend sums on its devices, they never leave them; otherwise they go through the host,

@@ -379,7 +379,7 @@ fn main() -> anyhow::Result<()> {
                     dump,
                 )?,
                 #[cfg(feature = "wgpu")]
-                Devices::Wgpu(_) => tdt_check::run::<burn::backend::Wgpu>(
+                Devices::Wgpu(..) => tdt_check::run::<burn::backend::Wgpu>(
                     &Default::default(),
                     "wgpu",
                     &dtypes,
@@ -388,7 +388,7 @@ fn main() -> anyhow::Result<()> {
                     dump,
                 )?,
                 #[cfg(feature = "cuda")]
-                Devices::Cuda(ordinals) => tdt_check::run::<burn::backend::Cuda>(
+                Devices::Cuda(ordinals, _) => tdt_check::run::<burn::backend::Cuda>(
                     &burn::backend::cuda::CudaDevice::new(ordinals[0]),
                     &device,
                     &dtypes,
@@ -465,7 +465,7 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
     use burn::backend::Cuda;
     use burn::tensor::{Tensor, TensorData};
     let devices: Devices = device.parse()?;
-    let Devices::Cuda(ordinals) = &devices else {
+    let Devices::Cuda(ordinals, _) = &devices else {
         anyhow::bail!("--device {device}: expected cuda:N");
     };
     let n = ordinals[0];
@@ -479,6 +479,14 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
     let got: Vec<f32> =
         summed.into_data().convert::<f32>().to_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let in_process_s = s.elapsed().as_secs_f64();
+    // The same through fusion (the default backend of `asrt train --device cuda:N`).
+    let s = Instant::now();
+    type Fused = asr_trainer::FusedCuda;
+    let t = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [values.len()]), &dev);
+    let summed = <Fused as DeviceAllReduce>::device_all_reduce(t, std::slice::from_ref(&dev));
+    let got_fused: Vec<f32> =
+        summed.into_data().convert::<f32>().to_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let fused_s = s.elapsed().as_secs_f64();
     let s = Instant::now();
     let mut group = NcclGroup::join(n, &mut Solo)?;
     let mut host = values.clone();
@@ -487,6 +495,7 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
     Ok(json!({
         "bench": "nccl-check", "device": device,
         "in_process_all_reduce_ok": got == values, "in_process_seconds": in_process_s,
+        "fused_all_reduce_ok": got_fused == values, "fused_seconds": fused_s,
         "communicator_ok": host == values, "communicator_seconds": communicator_s,
     }))
 }
