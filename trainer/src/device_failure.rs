@@ -28,7 +28,7 @@ const ALLOCATION_FAILED: &str = "can't allocate buffer of size: ";
 /// out-of-memory micro-batch of the 0.6B preset on an H100). Consequences, not causes.
 const MISSING_BUFFER: &str = "couldn't find resource for that handle";
 
-/// Size of the last allocation that failed since it was taken, plus one (0: none).
+/// Size of the first allocation that failed since it was taken, plus one (0: none).
 static FAILED_ALLOCATION: AtomicU64 = AtomicU64::new(0);
 
 /// What the device reported.
@@ -78,8 +78,15 @@ pub fn watch() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| match failed_allocation(&info.to_string()) {
             Some(bytes) => {
-                let before = FAILED_ALLOCATION.swap(bytes.saturating_add(1), Ordering::SeqCst);
-                if before == 0 {
+                // The first failure is the cause; later ones (smaller buffers of the same work,
+                // on an H200 and on lavapipe) keep it, so the error names the size announced.
+                let first = FAILED_ALLOCATION.compare_exchange(
+                    0,
+                    bytes.saturating_add(1),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+                if first.is_ok() {
                     eprintln!(
                         "the device could not allocate a buffer of {}: results that depend on it \
                              are wrong, and are discarded at the next check",
@@ -159,6 +166,9 @@ mod tests {
         watch();
         // CubeCL's server thread, as it fails an allocation.
         let server = std::thread::spawn(|| panic!("can't allocate buffer of size: 2048"));
+        assert!(server.join().is_err());
+        // A smaller buffer of the same work fails next: the first failure is the one named.
+        let server = std::thread::spawn(|| panic!("can't allocate buffer of size: 1024"));
         assert!(server.join().is_err());
         // The launch that then panics on this thread (the H200's FastDivmod::register).
         let r = contain(|| -> u32 { panic!("called `Option::unwrap()` on a `None` value") });

@@ -144,18 +144,25 @@ impl<'a, B: Backend> BatchDecoder<'a, B> {
         for (row, x) in padded.chunks_exact_mut(max.max(1)).zip(pcm) {
             row[..x.len()].copy_from_slice(x);
         }
-        let (feats, frame_lens) = self.frontend.forward(&padded, pcm.len(), &lens, None, device);
-        let (enc, enc_lens) = self.model.encode(self.cfg, feats, &frame_lens);
-        let proj = self.model.joint.project_encoder(enc);
-        let mut dec = BurnGreedy::new(self.model, proj, device);
-        let hyps = greedy_batch(&mut dec, &enc_lens, &self.opts);
-        // A failed allocation leaves garbage behind without telling the caller.
-        crate::device_failure::check::<B>(device).map_err(|failure| EvalError::Device {
+        let named = |failure| EvalError::Device {
             utterances: pcm.len(),
             longest_seconds: max as f64 / f64::from(self.cfg.preprocessor.sample_rate),
             batch_seconds,
             failure,
-        })?;
+        };
+        // Greedy decoding reads arg-maxes back every step: after a failed allocation that
+        // read, or the next launch, can panic on this thread; `contain` makes it the failure.
+        let hyps = crate::device_failure::contain(|| {
+            let (feats, frame_lens) =
+                self.frontend.forward(&padded, pcm.len(), &lens, None, device);
+            let (enc, enc_lens) = self.model.encode(self.cfg, feats, &frame_lens);
+            let proj = self.model.joint.project_encoder(enc);
+            let mut dec = BurnGreedy::new(self.model, proj, device);
+            greedy_batch(&mut dec, &enc_lens, &self.opts)
+        })
+        .map_err(named)?;
+        // A failed allocation leaves garbage behind without telling the caller.
+        crate::device_failure::check::<B>(device).map_err(named)?;
         Ok(hyps)
     }
 }

@@ -72,3 +72,62 @@ fn a_micro_batch_too_large_for_the_device_is_named_with_a_batch_size_that_fits()
     assert!(message.contains(&format!("sampler.max_batch_seconds = {:.1}", err.suggested)));
     assert!(message.contains("12 utterances"), "{message}");
 }
+
+/// Decoding a batch the device has no memory for is an error naming the batch and the flag to
+/// change (`asrt eval --batch-seconds`), with and without fusion; the device decodes a smaller
+/// batch afterwards. Twelve 30 s utterances through a `tiny` encoder with 128 subsampling
+/// channels: the first subsampling stage's output (`[12, 1500, 32, 128]` f32, 295 MB) is past
+/// lavapipe's largest buffer, one utterance's (25 MB) is not.
+#[test]
+fn a_decoding_batch_too_large_for_the_device_is_named() {
+    let _turn = crate::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let spm = std::fs::read(
+        std::path::Path::new(
+            &std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+        )
+        .join("../examples/espeak/spm.model"),
+    )
+    .unwrap();
+    let spec = SynthSpec {
+        min_samples: 480_000,
+        max_samples: 480_000,
+        vocab_size: 320,
+        max_tokens: 8,
+        ..SynthSpec::default()
+    };
+    let path = dir.path().join("long.asrcorpus");
+    spec.write_corpus(&path, 12, &spm).unwrap();
+    let corpus = asr_corpus::Corpus::open(&path).unwrap();
+    let mut cfg = asr_trainer::ModelConfig::tiny();
+    cfg.encoder.n_layers = 1;
+    cfg.encoder.subsampling_conv_channels = 128;
+    decode_out_of_memory::<burn::backend::Wgpu>(&cfg, &corpus, "wgpu");
+    decode_out_of_memory::<asr_trainer::FusedWgpu>(&cfg, &corpus, "fused wgpu");
+}
+
+fn decode_out_of_memory<
+    B: burn::tensor::backend::Backend<Device = burn::backend::wgpu::WgpuDevice>,
+>(
+    cfg: &asr_trainer::ModelConfig,
+    corpus: &asr_corpus::Corpus,
+    name: &str,
+) {
+    use asr_trainer::{evaluate, EvalError};
+    let device = burn::backend::wgpu::WgpuDevice::Cpu;
+    let model = asr_trainer::TdtModel::<B>::new(cfg, 320, 3, &device);
+    let all: Vec<usize> = (0..12).collect();
+    match evaluate(&model, cfg, corpus, &all, 400.0, &device) {
+        Err(e @ EvalError::Device { .. }) => {
+            let message = e.to_string();
+            eprintln!("{name}: {message}");
+            assert!(message.contains("12 utterances"), "{name}: {message}");
+            assert!(message.contains("asrt eval --batch-seconds"), "{name}: {message}");
+            assert!(message.contains("could not allocate"), "{name}: {message}");
+        }
+        Err(e) => panic!("{name}: another error: {e}"),
+        Ok(_) => panic!("{name}: the batch decoded: no failure was seen"),
+    }
+    let one = evaluate(&model, cfg, corpus, &[0], 31.0, &device).unwrap();
+    assert_eq!(one.utterances.len(), 1, "{name}");
+}
