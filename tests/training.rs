@@ -255,6 +255,12 @@ fn memorises_in(precision: asr_trainer::Precision) {
         .unwrap()
     };
     let half = run(precision, "half", 100);
+    for m in half.metrics.iter().take(4) {
+        eprintln!(
+            "{precision:?} step {}: loss {}, grad norm {}, skipped {}, loss scale {:?}",
+            m.step, m.loss, m.grad_norm, m.skipped, m.loss_scale
+        );
+    }
     let f32_first = run(Precision::F32, "f32", 1).metrics[0].loss;
     let first = half.metrics[0].loss;
     eprintln!("step 1 loss: {precision:?} {first}, f32 {f32_first}");

@@ -16,7 +16,8 @@ pub struct StepMetrics {
     pub step: u64,
     /// Micro-batches done in the whole run.
     pub micro_batches: u64,
-    /// Mean loss over the step's micro-batches (NaN when skipped).
+    /// Mean loss over the step's micro-batches (NaN when one was not finite; a step skipped
+    /// because its f16-scaled gradients overflowed keeps its finite loss).
     pub loss: f64,
     /// Learning rate used.
     pub lr: f64,

@@ -738,6 +738,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let node = self.node_transport.as_deref_mut();
         let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers, node)?;
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
+        // A micro-batch whose loss was not finite makes the step's loss unknown; a step the
+        // f16 loss scale backs off from (its scaled gradients overflowed) had a finite loss.
+        let loss_non_finite = g.non_finite;
         let loss_scale = self.loss_scale.map(|s| s.scale);
         let (lr, grad_norm, skipped) = self.apply(g);
         crate::device_failure::check::<B>(&self.device).map_err(|failure| TrainError::Device {
@@ -777,7 +780,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(StepMetrics {
             step: self.step,
             micro_batches: self.micro,
-            loss: if skipped { f64::NAN } else { loss },
+            loss: if skipped && loss_non_finite { f64::NAN } else { loss },
             lr,
             grad_norm,
             skipped,
