@@ -151,12 +151,12 @@ impl DeviceAllReduce for burn::backend::Cuda {
 
 /// wgpu through fusion: ranks sum through the host collective, as unfused.
 #[cfg(feature = "wgpu")]
-impl DeviceAllReduce for crate::device::FusedWgpu {}
+impl DeviceAllReduce for burn_fusion::Fusion<burn::backend::Wgpu> {}
 
 /// CUDA through fusion: the gradients' queued work is launched and their buffer handed to the
 /// unfused backend's NCCL all-reduce above; the sum is registered back with the fusion client.
 #[cfg(feature = "cuda")]
-impl DeviceAllReduce for crate::device::FusedCuda {
+impl DeviceAllReduce for burn_fusion::Fusion<burn::backend::Cuda> {
     const DEVICE_ALL_REDUCE: bool = true;
 
     fn device_all_reduce(t: Tensor<Self, 1>, peers: &[Self::Device]) -> Tensor<Self, 1> {
