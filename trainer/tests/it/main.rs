@@ -50,3 +50,11 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     // A test that panicked holding the lock has failed already; the next one may run.
     TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// The example's SentencePiece model (`examples/espeak/spm.model`), for corpora whose
+/// hypotheses must decode to text.
+pub fn example_spm() -> Vec<u8> {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    std::fs::read(std::path::Path::new(&dir).join("../examples/espeak/spm.model"))
+        .expect("the example's spm.model")
+}

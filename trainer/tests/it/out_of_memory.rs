@@ -82,13 +82,7 @@ fn a_micro_batch_too_large_for_the_device_is_named_with_a_batch_size_that_fits()
 fn a_decoding_batch_too_large_for_the_device_is_named() {
     let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
-    let spm = std::fs::read(
-        std::path::Path::new(
-            &std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-        )
-        .join("../examples/espeak/spm.model"),
-    )
-    .unwrap();
+    let spm = crate::example_spm();
     let spec = SynthSpec {
         min_samples: 480_000,
         max_samples: 480_000,

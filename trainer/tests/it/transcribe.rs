@@ -114,7 +114,7 @@ fn greedy_decoding_starts_from_the_blank_row_as_nemo_does() {
 #[test]
 fn nemo_timestamp_rules_on_words_punctuation_and_sentences() {
     let f = fixture();
-    let model = std::fs::read(root().join("examples/espeak/spm.model")).unwrap();
+    let model = crate::example_spm();
     let pieces = Pieces::parse(&model).unwrap();
     let punctuation = vocabulary_punctuation(&pieces);
     let nemo_set: String = f["supported_punctuation"]

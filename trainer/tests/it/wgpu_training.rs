@@ -153,13 +153,7 @@ const D_WGPU_FUSED: f32 = 3.5e-6;
 fn asrt_trains_and_evaluates_on_wgpu() {
     let _turn = crate::serial();
     let dir = tempfile::tempdir().unwrap();
-    let spm = std::fs::read(
-        std::path::Path::new(
-            &std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-        )
-        .join("../examples/espeak/spm.model"),
-    )
-    .unwrap();
+    let spm = crate::example_spm();
     let spec = asr_corpus::synth::SynthSpec {
         min_samples: 4_000,
         max_samples: 24_000,

@@ -460,10 +460,9 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
 /// Sums `1, 2, ..., n` over one rank both ways NCCL is used; each must give it back unchanged.
 #[cfg(feature = "cuda")]
 fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
-    use asr_trainer::{DeviceAllReduce, HostSum, NcclGroup, Solo};
+    use asr_trainer::{HostSum, NcclGroup, Solo};
     use burn::backend::cuda::CudaDevice;
     use burn::backend::Cuda;
-    use burn::tensor::{Tensor, TensorData};
     let devices: Devices = device.parse()?;
     let Devices::Cuda(ordinals, _) = &devices else {
         anyhow::bail!("--device {device}: expected cuda:N");
@@ -473,20 +472,9 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
     devices.prepare(&kernel_cache(), true)?;
     let values: Vec<f32> = (1..=1000).map(|i| i as f32).collect();
     let dev = CudaDevice::new(n);
-    let s = Instant::now();
-    let t = Tensor::<Cuda, 1>::from_data(TensorData::new(values.clone(), [values.len()]), &dev);
-    let summed = <Cuda as DeviceAllReduce>::device_all_reduce(t, std::slice::from_ref(&dev));
-    let got: Vec<f32> =
-        summed.into_data().convert::<f32>().to_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let in_process_s = s.elapsed().as_secs_f64();
-    // The same through fusion (the default backend of `asrt train --device cuda:N`).
-    let s = Instant::now();
-    type Fused = asr_trainer::FusedCuda;
-    let t = Tensor::<Fused, 1>::from_data(TensorData::new(values.clone(), [values.len()]), &dev);
-    let summed = <Fused as DeviceAllReduce>::device_all_reduce(t, std::slice::from_ref(&dev));
-    let got_fused: Vec<f32> =
-        summed.into_data().convert::<f32>().to_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let fused_s = s.elapsed().as_secs_f64();
+    // Unfused, then through fusion (the default backend of `asrt train --device cuda:N`).
+    let (got, in_process_s) = all_reduce_once::<Cuda>(&values, &dev)?;
+    let (got_fused, fused_s) = all_reduce_once::<asr_trainer::FusedCuda>(&values, &dev)?;
     let s = Instant::now();
     let mut group = NcclGroup::join(n, &mut Solo)?;
     let mut host = values.clone();
@@ -498,6 +486,21 @@ fn nccl_check(device: &str) -> anyhow::Result<serde_json::Value> {
         "fused_all_reduce_ok": got_fused == values, "fused_seconds": fused_s,
         "communicator_ok": host == values, "communicator_seconds": communicator_s,
     }))
+}
+
+/// `values` summed by `B`'s in-process all-reduce over one device, read back, and its seconds.
+#[cfg(feature = "cuda")]
+fn all_reduce_once<B: asr_trainer::DeviceAllReduce>(
+    values: &[f32],
+    dev: &B::Device,
+) -> anyhow::Result<(Vec<f32>, f64)> {
+    use burn::tensor::{Tensor, TensorData};
+    let s = Instant::now();
+    let t = Tensor::<B, 1>::from_data(TensorData::new(values.to_vec(), [values.len()]), dev);
+    let summed = B::device_all_reduce(t, std::slice::from_ref(dev));
+    let got: Vec<f32> =
+        summed.into_data().convert::<f32>().to_vec().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok((got, s.elapsed().as_secs_f64()))
 }
 
 /// Resets this process's peak resident memory to the current one (Linux `clear_refs` 5).
