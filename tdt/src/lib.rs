@@ -9,6 +9,8 @@
 //!   and the extension for Burn's CubeCL backends (wgpu, CUDA): the logits stay on the device.
 //! - `fusion`: the extension for Burn's fusion backend over a CubeCL one (resolves the logits,
 //!   runs the inner backend's kernels, registers the results back).
+//! - `joint`: the joint's output layer and the loss together on the host, over each utterance's
+//!   valid lattice (the CPU backends' training path).
 //! - `greedy`: NeMo's `greedy_batch` (label-looping) TDT decoding over small traits.
 //!
 //! Semantics follow NeMo's TDT loss (lattice, sigma, omega, FastEmit, clamp, reductions) as
@@ -17,7 +19,8 @@
 //!
 //! Greedy decoding of the trainer's Burn model (the adapter from its prediction network and
 //! joint to [`greedy::TdtDecoderModel`]) lives with the model, in the trainer.
-// Only `cube` (CubeCL's unchecked kernel launches) may use `unsafe`, and says why at each use.
+// Only `cube` (CubeCL's unchecked kernel launches) and `joint` (`gemm`'s raw pointers) may use
+// `unsafe`, and say why at each use.
 #![deny(unsafe_code)]
 
 pub mod batch;
@@ -28,6 +31,7 @@ pub mod cube;
 #[cfg(feature = "fusion")]
 pub mod fusion;
 pub mod greedy;
+pub mod joint;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernels;
 pub mod op;
@@ -201,6 +205,16 @@ pub enum TdtError {
         factors: usize,
         /// Utterances.
         utterances: usize,
+    },
+    /// A host joint input of the wrong length.
+    #[error("TDT joint on the host: the {what} has {got} values, expected {expected}")]
+    JointValues {
+        /// Which input.
+        what: &'static str,
+        /// Values given.
+        got: usize,
+        /// Values its shape needs.
+        expected: usize,
     },
     /// A size does not fit the kernels' 32-bit indices.
     #[error("TDT loss input: {what} {value} does not fit the kernel's u32")]

@@ -48,6 +48,13 @@ pub trait TdtBackend: Backend {
         problem: &TdtProblem,
         want_grad: bool,
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError>;
+
+    /// Whether training runs the joint's output layer and the loss together on the host
+    /// ([`crate::joint`]) instead of as tensor operations: the CPU backends, whose tensors are
+    /// host memory already. The device backends keep the logits on the device.
+    fn joint_on_host() -> bool {
+        false
+    }
 }
 
 impl TdtProblem {
@@ -150,9 +157,17 @@ impl TdtBackend for burn::backend::Flex {
     ) -> Result<(FloatTensor<Self>, Option<FloatTensor<Self>>), TdtError> {
         host_forward::<Self>(logits, problem, want_grad)
     }
+
+    fn joint_on_host() -> bool {
+        true
+    }
 }
 
 impl TdtBackend for burn::backend::NdArray {
+    fn joint_on_host() -> bool {
+        true
+    }
+
     /// Writes the gradient over the logits when they are contiguous f32 that nothing else holds
     /// (the usual case: the joint's backward keeps its input, not its output), so the loss
     /// allocates no logits-sized buffer; otherwise reads them in place and allocates the
@@ -215,6 +230,10 @@ impl<B: Backend> Backward<B, 1> for TdtBackward {
 }
 
 impl<B: TdtBackend, C: CheckpointStrategy> TdtBackend for Autodiff<B, C> {
+    fn joint_on_host() -> bool {
+        B::joint_on_host()
+    }
+
     fn tdt_forward(
         logits: FloatTensor<Self>,
         problem: &TdtProblem,

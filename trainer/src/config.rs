@@ -204,6 +204,22 @@ pub struct LoopConfig {
     /// optimizer state, normalisations, softmax, front end and the loss's sums stay f32;
     /// ARCHITECTURE.md, "Mixed precision").
     pub precision: crate::model::precision::Precision,
+    /// Where the joint's output layer and the loss run: `auto` (on the CPU backends in f32,
+    /// together on the host over each utterance's valid lattice, `asr_tdt::joint`; elsewhere as
+    /// tensor operations) or `graph` (always as tensor operations, in parts with
+    /// `fused_batch_size`). The gradient is the same up to the order of f32 sums.
+    pub joint: JointPath,
+}
+
+/// Where the joint's output layer and the loss run in training (`train.joint`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JointPath {
+    /// On the host on the CPU backends in f32 (`asr_tdt::joint`), as tensor operations elsewhere.
+    #[default]
+    Auto,
+    /// Always as tensor operations (Burn's graph).
+    Graph,
 }
 
 impl Default for LoopConfig {
@@ -221,6 +237,7 @@ impl Default for LoopConfig {
             fused_batch_size: 0,
             collective_timeout_seconds: 600.0,
             precision: crate::model::precision::Precision::F32,
+            joint: JointPath::Auto,
         }
     }
 }

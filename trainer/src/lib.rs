@@ -42,7 +42,7 @@ pub use cli::{
     TranscribeArgs, TranscriptFormat,
 };
 // Configuration.
-pub use config::{ConfigError, LoopConfig, OptimConfig, TrainConfig};
+pub use config::{ConfigError, JointPath, LoopConfig, OptimConfig, TrainConfig};
 // The batch plan, its report, and the loader.
 pub use asr_plan::batcher::{
     assemble, Audio, AudioFormat, LoadedStep, Loader, LoaderConfig, LoaderError, MicroBatch,

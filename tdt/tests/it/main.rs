@@ -6,6 +6,8 @@
 mod cases;
 // Burn's current CPU backend: the host path with half-precision logits.
 mod flex;
+// The joint's output layer and the loss on the host.
+mod joint;
 mod tdt;
 // The kernels run on Burn's wgpu backend (Mesa's lavapipe without a GPU).
 #[cfg(feature = "wgpu")]

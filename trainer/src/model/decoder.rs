@@ -187,6 +187,12 @@ impl<B: Backend> Joint<B> {
         hidden.max(outputs)
     }
 
+    /// The output layer (`hidden -> V + 1 + D`), which the host path reads
+    /// (`train::host_joint`).
+    pub fn output_layer(&self) -> &Linear<B> {
+        &self.out
+    }
+
     /// Projects encoder outputs `[.., d_enc]`.
     pub fn project_encoder<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.precision.linear(&self.enc, x)

@@ -21,6 +21,7 @@
 pub mod collective;
 pub mod fused;
 pub mod grads;
+pub mod host_joint;
 pub mod kernel_limit;
 pub mod metrics;
 pub mod out_of_memory;
@@ -37,7 +38,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
-use crate::config::{ConfigError, TrainConfig};
+use crate::config::{ConfigError, JointPath, TrainConfig};
 use crate::device_failure::DeviceFailure;
 use crate::eval::EvalError;
 use crate::loss_scale::Verdict;
@@ -357,6 +358,19 @@ struct Encoded<B: Backend> {
     token_lens: Vec<usize>,
 }
 
+impl<B: Backend> Encoded<B> {
+    /// The joint's inputs with `batch`'s targets.
+    fn joint_inputs<'a>(&'a self, batch: &'a PaddedBatch) -> fused::JointInputs<'a, B> {
+        fused::JointInputs {
+            enc: self.enc.clone(),
+            pred: self.pred.clone(),
+            tokens: &batch.tokens,
+            enc_lens: &self.enc_lens,
+            token_lens: &self.token_lens,
+        }
+    }
+}
+
 impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     /// A fresh model and optimizer for a vocabulary of `vocab` tokens.
     pub fn new(cfg: TrainConfig, vocab: usize, device: B::Device) -> Result<Self, TrainError> {
@@ -438,15 +452,29 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     }
 
     /// The loss of one micro-batch as training computes it (SpecAugment, dither and dropout on,
-    /// the joint whole), without backward or update: the forward half of a step, for
-    /// benchmarks. Advances the micro-batch counter as a step would.
+    /// the joint as training runs it: whole, or on the host), without backward or update: the
+    /// forward half of a step, for benchmarks. Advances the micro-batch counter as a step would.
     pub fn forward_loss(&mut self, batch: &PaddedBatch) -> Result<f64, TrainError> {
         self.begin_micro(self.micro);
         let e = self.encode_batch(batch, true)?;
-        let loss = self.whole_loss(e, batch)?;
-        let value: f32 = loss.into_scalar().elem();
+        let value = if self.joint_on_host() {
+            let rnnt = self.loss.next_branch();
+            let x = e.joint_inputs(batch);
+            host_joint::host_joint_loss(self.model.joint.output_layer(), &self.loss, x, rnnt)?
+        } else {
+            let loss: f32 = self.whole_loss(e, batch)?.into_scalar().elem();
+            f64::from(loss)
+        };
         self.micro += 1;
-        Ok(f64::from(value))
+        Ok(value)
+    }
+
+    /// Whether the joint's output layer and the loss run on the host (`train.joint = "auto"` on
+    /// a CPU backend in f32; [`host_joint`]).
+    fn joint_on_host(&self) -> bool {
+        self.cfg.train.joint == JointPath::Auto
+            && B::joint_on_host()
+            && self.cfg.train.precision == crate::model::precision::Precision::F32
     }
 
     /// Makes micro-batch `slot` the current one: its number, its loss branch, the backend's
@@ -490,6 +518,14 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             m.encoder.subsampling_conv_channels,
         )?;
         let e = self.encode_batch(batch, true)?;
+        if self.joint_on_host() {
+            let rnnt = self.loss.next_branch();
+            let layer = self.model.joint.output_layer();
+            let x = e.joint_inputs(batch);
+            let out =
+                host_joint::host_joint_gradients(&self.model, layer, &self.loss, x, rnnt, divisor)?;
+            return Ok(out);
+        }
         let part = self.joint_part(&e, self.cfg.train.fused_batch_size)?;
         if part < batch.size() {
             return self.fused_gradients(e, batch, part, divisor);

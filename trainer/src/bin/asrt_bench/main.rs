@@ -148,6 +148,12 @@ enum Bench {
         /// Time the forward pass and loss of each batch only (no backward, no update).
         #[arg(long)]
         forward_only: bool,
+        /// `train.fused_batch_size`: utterances per joint call (0: the whole micro-batch).
+        #[arg(long, default_value_t = 0)]
+        fused_batch_size: usize,
+        /// `train.joint`: auto (on the host on this CPU backend in f32) or graph.
+        #[arg(long, default_value = "auto")]
+        joint: String,
     },
     /// Parameter count and one forward pass of a preset (CPU backend).
     ModelShape {
@@ -240,6 +246,8 @@ fn main() -> anyhow::Result<()> {
             dropout,
             precision,
             forward_only,
+            fused_batch_size,
+            joint,
         } => {
             let mut cfg = asr_trainer::TrainConfig::for_preset(&preset)
                 .with_context(|| format!("unknown preset {preset}"))?;
@@ -250,6 +258,12 @@ fn main() -> anyhow::Result<()> {
                 cfg.model.encoder.dropout = d;
             }
             cfg.train.precision = precision;
+            cfg.train.fused_batch_size = fused_batch_size;
+            cfg.train.joint = match joint.as_str() {
+                "auto" => asr_trainer::JointPath::Auto,
+                "graph" => asr_trainer::JointPath::Graph,
+                other => anyhow::bail!("--joint {other:?}: expected auto or graph"),
+            };
             cfg.train.grad_accum = 1;
             cfg.train.max_steps = steps + 2;
             cfg.sampler.max_batch_seconds = max_batch_seconds;
@@ -779,6 +793,10 @@ where
     let mut times = Vec::new();
     let mut rates = Vec::new();
     let mut audios = Vec::new();
+    // The joint lattice's cells, padded and valid (audio samples times targets + 1 stand for
+    // frames times targets + 1): how much of the joint's work a whole-batch call spends on padding.
+    let mut padded_cells = 0.0;
+    let mut valid_cells = 0.0;
     let mut epoch = 0;
     'outer: loop {
         let plan = EpochPlan::build(
@@ -815,6 +833,15 @@ where
             let dt = t.elapsed().as_secs_f64();
             // The first two steps warm allocators and caches.
             if trainer.step > 2 {
+                for b in &batches {
+                    padded_cells += (b.size() * b.max_samples * (b.max_tokens + 1)) as f64;
+                    valid_cells += b
+                        .audio_lens
+                        .iter()
+                        .zip(&b.token_lens)
+                        .map(|(&a, &u)| f64::from(a) * f64::from(u + 1))
+                        .sum::<f64>();
+                }
                 times.push(dt);
                 rates.push(audio / dt);
                 audios.push(audio);
@@ -831,7 +858,9 @@ where
         "threads": rayon::current_num_threads(), "parameters": params, "steps": times.len(),
         "max_batch_seconds": cfg.sampler.max_batch_seconds, "audio_seconds_median": median(audios),
         "step_seconds_median": median(times.clone()), "audio_seconds_per_second_median": median(rates),
-        "step_seconds_all": times,
+        "step_seconds_all": times, "fused_batch_size": cfg.train.fused_batch_size,
+        "joint": format!("{:?}", cfg.train.joint).to_lowercase(),
+        "lattice_valid_share": valid_cells / padded_cells,
     }))
 }
 
