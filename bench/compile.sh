@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 dir="${BENCH_DIR:-$HOME/.cache/asr-bench/compile}"
 runs="${1:-3}"
 [ -f "$dir/manifest-2h.parquet" ] || python3 bench/make_compile_input.py "$dir" --hours 1 2

@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"; steps="${2:-8}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 # The test profile's asrt: the trainer and every dependency optimised (Cargo.toml).
 cargo build --quiet --locked -p asr-trainer --bin asrt

@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 rounds="${1:-3}"; cases="${2:-tiny,wide,forward}"
 layers="${PEER_LAYERS:-2}"; threads="${PEER_THREADS:-2}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 py="${PEER_PYTHON:-$HOME/.cache/asr-torch-venv/bin/python}"
 if ! "$py" -c "import torch, transformers; from transformers import ParakeetForTDT" 2>/dev/null; then
   echo "peer.sh: no torch with transformers' ParakeetForTDT at $py (set PEER_PYTHON)" >&2

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 n="${1:-20000000}"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 dir="${1:-}"
 if [ -z "$dir" ]; then dir="$(mktemp -d)"; trap 'rm -rf "$dir"' EXIT; fi
 cargo build --quiet --release -p asr-trainer --bin asrt-bench -p asr-examples

@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo build --quiet --release -p asr-trainer --bin asrt-bench
 "$CARGO_TARGET_DIR/release/asrt-bench" tdt --repeats "${1:-5}"

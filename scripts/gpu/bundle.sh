@@ -17,6 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+# Incremental caches in the shared target directory grew past 20 GB and filled the disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The GPU machine's driver (580) is CUDA 13.0. Without nvcc here cudarc would bind CUDA 13.4's
 # API, whose newer entry points that driver lacks.
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"

@@ -3,7 +3,7 @@
 //! CubeCL allocation leaves behind. Run for real on wgpu (Mesa's lavapipe), whose largest
 //! storage buffer is 128 MiB: the joint's hidden activations of 12 utterances of 6-8 s
 //! (`[12, ~100, ~60, 640]` f32, about 180 MiB) cannot be allocated there, while one utterance's
-//! fit. The run uses its own wgpu device (`WgpuDevice::Cpu`), so the failure does not touch the
+//! fit; with and without Burn's fusion. The run uses its own wgpu device (`WgpuDevice::Cpu`), so the failure does not touch the
 //! default device that other tests share.
 
 use asr_corpus::synth::SynthSpec;
@@ -12,8 +12,6 @@ use asr_trainer::{
     assemble, lattice_cells, AudioFormat, DataSpec, ShapePolicy, TrainConfig, TrainError, Trainer,
     TrainingSet,
 };
-
-type Gpu = burn::backend::Autodiff<burn::backend::Wgpu>;
 
 #[test]
 fn a_micro_batch_too_large_for_the_device_is_named_with_a_batch_size_that_fits() {
@@ -37,27 +35,37 @@ fn a_micro_batch_too_large_for_the_device_is_named_with_a_batch_size_that_fits()
     }
     w.finish().unwrap();
     let set = TrainingSet::open(&[DataSpec::new(path)]).unwrap();
+    train_out_of_memory::<burn::backend::Autodiff<burn::backend::Wgpu>>(&set, "wgpu");
+    train_out_of_memory::<burn::backend::Autodiff<asr_trainer::FusedWgpu>>(&set, "fused wgpu");
+}
+
+/// The body of the test above on backend `B`: one utterance trains, all twelve are refused.
+fn train_out_of_memory<B>(set: &TrainingSet, name: &str)
+where
+    B: burn::tensor::backend::AutodiffBackend<Device = burn::backend::wgpu::WgpuDevice>
+        + asr_tdt::op::TdtBackend,
+{
     let cfg = TrainConfig::from_toml(
         "[model.encoder]\nn_layers = 1\ndropout = 0.0\n[model.preprocessor]\ndither = 0.0\n\
          [model.joint]\njoint_hidden = 640\n[sampler]\nmax_batch_seconds = 100.0\n",
     )
     .unwrap();
     let vocab = set.tokenizer().0 as usize;
-    let mut t = Trainer::<Gpu>::new(cfg, vocab, burn::backend::wgpu::WgpuDevice::Cpu).unwrap();
+    let mut t = Trainer::<B>::new(cfg, vocab, burn::backend::wgpu::WgpuDevice::Cpu).unwrap();
 
-    let one = assemble(&set, &[3], ShapePolicy::default(), AudioFormat::I16);
+    let one = assemble(set, &[3], ShapePolicy::default(), AudioFormat::I16);
     let g = t.gradients_at(std::slice::from_ref(&one), &[0], 1.0).unwrap();
     assert!(g.loss.is_finite());
 
     let all: Vec<u32> = (0..12).collect();
-    let big = assemble(&set, &all, ShapePolicy::default(), AudioFormat::I16);
+    let big = assemble(set, &all, ShapePolicy::default(), AudioFormat::I16);
     let err = match t.gradients_at(std::slice::from_ref(&big), &[1], 1.0) {
         Err(TrainError::OutOfMemory(r)) => r,
-        Err(e) => panic!("another error: {e}"),
-        Ok(g) => panic!("the batch ran (loss {}): no failure was seen", g.loss),
+        Err(e) => panic!("{name}: another error: {e}"),
+        Ok(g) => panic!("{name}: the batch ran (loss {}): no failure was seen", g.loss),
     };
     let message = err.to_string();
-    eprintln!("{message}");
+    eprintln!("{name}: {message}");
     assert_eq!((err.micro_batch, err.utterances), (1, 12));
     let longest = *big.audio_lens.iter().max().unwrap() as f64 / 16_000.0;
     assert!((err.longest_seconds - longest).abs() < 1e-9);
