@@ -8,11 +8,11 @@
 //!
 //! 1. `hidden = relu(enc[t] + pred[u])` for the valid nodes only, `[n, J]`;
 //! 2. `logits = hidden W + b` into one buffer, the bias as the product's initial value;
-//! 3. the loss writes its gradient over the logits (`cpu::tdt_in_place`);
-//! 4. scaled by the utterance's weight in the differentiated sum (inside the products): the
-//!    hidden gradient `G W^T`, masked by the ReLU, summed over `u` into the encoder row and
+//! 3. the loss writes its gradient over the logits (`cpu::tdt_in_place`), scaled by the
+//!    utterance's weight in the differentiated sum;
+//! 4. the hidden gradient `G W^T`, masked by the ReLU, summed over `u` into the encoder row and
 //!    over `t` into the prediction row; the weight gradient `hidden^T G` and the bias gradient
-//!    (the column sums of `G`) accumulate per group of utterances.
+//!    (the column sums of `G`) accumulate per thread.
 //!
 //! The logits of one utterance are the largest buffer (one per thread); nothing of the padded
 //! lattice exists. The products are `gemm`'s (AVX-512 where the CPU has it), single-threaded
@@ -233,65 +233,6 @@ fn utterance<'a>(input: &JointInput<'a>, opts: &TdtOptions, b: usize) -> (Dims, 
     (dims, &input.targets[b * input.u_max..b * input.u_max + u])
 }
 
-/// A matrix read with any strides: element `(r, c)` at `r * row + c * col`.
-#[derive(Clone, Copy)]
-struct Operand<'a> {
-    values: &'a [f32],
-    row: usize,
-    col: usize,
-}
-
-impl Operand<'_> {
-    /// Whether every element of an `rows x cols` matrix lies inside `values`.
-    fn holds(&self, rows: usize, cols: usize) -> bool {
-        rows == 0 || cols == 0 || (rows - 1) * self.row + (cols - 1) * self.col < self.values.len()
-    }
-}
-
-/// `dst = lhs rhs * scale`, or with `accumulate` `dst += lhs rhs * scale`, for a row-major
-/// `[m, n]` destination, `lhs` `[m, k]` and `rhs` `[k, n]`: `gemm`'s product behind bounds
-/// checks, single-threaded (the callers' tasks are already parallel).
-#[allow(clippy::too_many_arguments)]
-fn product(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    accumulate: bool,
-    lhs: Operand<'_>,
-    rhs: Operand<'_>,
-    scale: f32,
-) {
-    // The shapes come from `JointInput::validate`d sizes; a failure here is a bug of this
-    // module, and stopping beats reading or writing outside a buffer.
-    assert!(dst.len() >= m * n && lhs.holds(m, k) && rhs.holds(k, n), "joint product shapes");
-    // SAFETY: the assert above keeps every element the product reads or writes inside its
-    // slice; `dst` is borrowed mutably, so it aliases neither operand.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.values.as_ptr(),
-            lhs.col as isize,
-            lhs.row as isize,
-            rhs.values.as_ptr(),
-            rhs.col as isize,
-            rhs.row as isize,
-            1.0,
-            scale,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-    }
-}
-
 /// One task's buffers, reused from utterance to utterance.
 #[derive(Default)]
 struct Scratch {
@@ -323,9 +264,32 @@ impl Scratch {
             Some(bias) => (0..n).for_each(|_| self.logits.extend_from_slice(bias)),
             None => self.logits.resize(n * o, 0.0),
         }
-        let hidden = Operand { values: &self.hidden, row: j, col: 1 };
-        let weight = Operand { values: input.weight, row: o, col: 1 };
-        product(n, o, j, &mut self.logits, true, hidden, weight, 1.0);
+        // SAFETY: `logits` is `[n, O]` (row stride O), `hidden` `[n, J]` (row stride J) and the
+        // weight `[J, O]` (row stride O, checked by `validate`); the destination is a buffer of
+        // its own, so it aliases neither operand.
+        unsafe {
+            gemm(
+                n,
+                o,
+                j,
+                self.logits.as_mut_ptr(),
+                1,
+                o as isize,
+                true,
+                self.hidden.as_ptr(),
+                1,
+                j as isize,
+                input.weight.as_ptr(),
+                1,
+                o as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+        }
     }
 }
 
@@ -378,14 +342,39 @@ impl Accumulator {
         };
         // An impossible utterance left its gradient at zero.
         let cost = finite_or_zero(cost, opts);
+        if weight != 1.0 {
+            s.logits.iter_mut().for_each(|g| *g *= weight);
+        }
         let (t, u1) = (dims.t, dims.u + 1);
         let n = t * u1;
         s.d_hidden.clear();
         s.d_hidden.resize(n * j, 0.0);
-        // The utterance's weight scales both products and the bias sum, not the gradient.
-        let grad = Operand { values: &s.logits, row: o, col: 1 };
-        let weight_t = Operand { values: input.weight, row: 1, col: o };
-        product(n, j, o, &mut s.d_hidden, false, grad, weight_t, weight);
+        // SAFETY: `d_hidden` is `[n, J]` (row stride J); the logits' gradient `[n, O]` (row
+        // stride O); the weight read as its transpose `[O, J]`: element (o, j) at `j * O + o`,
+        // inside its `J * O` values. The destination is a buffer of its own.
+        unsafe {
+            gemm(
+                n,
+                j,
+                o,
+                s.d_hidden.as_mut_ptr(),
+                1,
+                j as isize,
+                false,
+                s.logits.as_ptr(),
+                1,
+                o as isize,
+                input.weight.as_ptr(),
+                o as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+        }
         for ti in 0..t {
             let de = &mut d_enc[ti * j..][..j];
             for ui in 0..u1 {
@@ -400,10 +389,34 @@ impl Accumulator {
                 }
             }
         }
-        let hidden_t = Operand { values: &s.hidden, row: 1, col: j };
-        product(j, o, n, &mut self.weight, true, hidden_t, grad, weight);
+        // SAFETY: the accumulator's weight gradient is `[J, O]` (row stride O); `hidden` read
+        // as its transpose `[J, n]`: element (j, r) at `r * J + j`, inside its `n * J` values;
+        // the gradient `[n, O]` (row stride O). The destination is the accumulator's own.
+        unsafe {
+            gemm(
+                j,
+                o,
+                n,
+                self.weight.as_mut_ptr(),
+                1,
+                o as isize,
+                true,
+                s.hidden.as_ptr(),
+                j as isize,
+                1,
+                s.logits.as_ptr(),
+                1,
+                o as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+        }
         for row in s.logits.chunks_exact(o) {
-            self.bias.iter_mut().zip(row).for_each(|(a, g)| *a += weight * g);
+            self.bias.iter_mut().zip(row).for_each(|(a, g)| *a += g);
         }
         cost
     }
