@@ -235,23 +235,34 @@ long_corpus() {
     --vocab 1024 --min-seconds 5 --max-seconds 20 --max-tokens 80
 }
 
-step_d() {
-  long_corpus || return $?
-  local cfg="$work/parakeet.toml"
-  big_config "$cfg" "$([ "$dry" = 1 ] && echo 30.0 || echo 120.0)"
+# measured NAME COMMAND...: runs the command while nvidia-smi samples the device's memory into
+# $work/NAME-memory.csv (check.py's peak), where there is an nvidia-smi.
+measured() {
+  local name="$1" smi=""; shift
   if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/d-memory.csv" 2>/dev/null &
-    local smi=$!
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/$name-memory.csv" 2>/dev/null &
+    smi=$!
   fi
-  # The preset's parameter count, for the FLOPs of a step (check.py says how they are counted).
-  # (Not in a dry run, whose model is the preset's structure at a small width.)
-  [ "$dry" = 1 ] || "$bin/asrt-bench" model-shape --preset parakeet-tdt-0.6b --seconds 1 --repeats 1 \
-    > "$work/d-shape.json" || true
-  "$bin/asrt" train "$work/long.asrcorpus" --config "$cfg" --out "$work/d-run" --device "$train_dev" \
-    --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  "$@"
   local rc=$?
-  [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+  [ -n "$smi" ] && kill "$smi" 2>/dev/null
   return $rc
+}
+
+# d's corpus, configuration and the preset's parameter count (for the FLOPs of a step; check.py
+# says how they are counted), made once by whichever of d, du and db runs first.
+big_setup() {
+  long_corpus || return $?
+  [ -f "$work/parakeet.toml" ] || big_config "$work/parakeet.toml" "$([ "$dry" = 1 ] && echo 30.0 || echo 120.0)"
+  # (Not in a dry run, whose model is the preset's structure at a small width.)
+  [ "$dry" = 1 ] || [ -f "$work/d-shape.json" ] || "$bin/asrt-bench" model-shape \
+    --preset parakeet-tdt-0.6b --seconds 1 --repeats 1 > "$work/d-shape.json" || true
+}
+
+step_d() {
+  big_setup || return $?
+  measured d "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/d-run" \
+    --device "$train_dev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
 }
 check_d() { py train-big "$1" "$logs/d.log" "$work"; }
 
@@ -260,7 +271,7 @@ check_d() { py train-big "$1" "$logs/d.log" "$work"; }
 # without, so the steady step time is this step's.
 step_dw() {
   [ -f "$work/parakeet.toml" ] || { echo "dw runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
-  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/dw-run" \
+  measured dw "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/dw-run" \
     --device "$train_dev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
@@ -268,11 +279,11 @@ check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 # dw without fusion: each tensor operation its own kernel, as every run before fusion was. Run
 # twice, as db is: the unfused kernels are not in the cache d left.
 step_du() {
-  [ -f "$work/parakeet.toml" ] || { echo "du runs after d (it reuses d's corpus and configuration)"; return 2; }
+  big_setup || return $?
   local steps="$([ "$dry" = 1 ] && echo 2 || echo 6)"
   "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du0-run" \
     --device "$train_dev" --max-steps 2 --fusion off || return $?
-  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du-run" \
+  measured du "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du-run" \
     --device "$train_dev" --max-steps "$steps" --fusion off
 }
 check_du() { py train-big "$1" "$logs/du.log" "$work" du; }
@@ -280,21 +291,14 @@ check_du() { py train-big "$1" "$logs/du.log" "$work" du; }
 # d's plan in mixed precision, twice: the half-type kernels are new shapes to CubeCL, so the
 # first run compiles them and the second (db-run) gives the steady step to compare with dw.
 step_db() {
-  [ -f "$work/parakeet.toml" ] || { echo "db runs after d (it reuses d's corpus and configuration)"; return 2; }
+  big_setup || return $?
   local p="${ASRT_DB_PRECISION:-bf16-mixed}" steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" dev="$train_dev"
   # The dry run's CPU backend (NdArray) has no half type; burn-flex, the other CPU backend, has.
   [ "$dry" = 1 ] && dev=flex
   "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db0-run" \
     --device "$dev" --max-steps "$steps" --precision "$p" || return $?
-  if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/db-memory.csv" 2>/dev/null &
-    local smi=$!
-  fi
-  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db-run" \
+  measured db "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/db-run" \
     --device "$dev" --max-steps "$steps" --precision "$p"
-  local rc=$?
-  [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
-  return $rc
 }
 check_db() { py train-big "$1" "$logs/db.log" "$work" db; }
 
@@ -308,15 +312,8 @@ step_d2() {
   fi
   local cfg="$work/parakeet2.toml" secs="${ASRT_D2_BATCH_SECONDS:-360}"
   big_config "$cfg" "$([ "$dry" = 1 ] && echo 60.0 || echo "$secs")"
-  if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/d2-memory.csv" 2>/dev/null &
-    local smi=$!
-  fi
-  "$bin/asrt" train "$work/long2.asrcorpus" --config "$cfg" --out "$work/d2-run" --device "$train_dev" \
+  measured d2 "$bin/asrt" train "$work/long2.asrcorpus" --config "$cfg" --out "$work/d2-run" --device "$train_dev" \
     --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 4)"
-  local rc=$?
-  [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
-  return $rc
 }
 check_d2() { py train-big "$1" "$logs/d2.log" "$work" d2; }
 
@@ -384,7 +381,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f step_env step_c step_d step_dw step_du step_db step_d2 step_e step_f step_g long_corpus big_config
+export -f measured big_setup step_env step_c step_d step_dw step_du step_db step_d2 step_e step_f step_g long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -398,8 +395,9 @@ run_step du 300 step_du
 run_step db 400 step_db
 run_step d2 300 step_d2
 run_step e 400 step_e
-run_step f 300 step_f
+# g before f: g takes seconds, f may take what is left of the budget.
 run_step g 60 step_g
+run_step f 300 step_f
 
 python3 scripts/gpu/check.py summary "$records" "$work" "$out" "$dry"
 tar -czf "$out/logs.tar.gz" -C "$work" logs $(cd "$work" && ls ./*.json ./*.csv 2>/dev/null) 2>/dev/null
