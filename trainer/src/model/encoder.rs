@@ -163,7 +163,7 @@ impl<B: Backend> RelPositionAttention<B> {
         let pad = pad.expand([b, h, t, t]);
         let scores = scores.mask_fill(pad.clone(), MASK_VALUE);
         let attn = softmax(scores, 3).mask_fill(pad, 0.0);
-        let attn = super::dropout(&self.dropout, attn);
+        let attn = self.dropout.forward(attn);
         let ctx = p.matmul(attn, v).swap_dims(1, 2).reshape([b, t, d]);
         p.linear(&self.out, ctx)
     }
@@ -199,7 +199,7 @@ impl<B: Backend> FeedForward<B> {
     }
 
     fn forward(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        p.linear(&self.down, super::dropout(&self.dropout, silu(p.linear(&self.up, x))))
+        p.linear(&self.down, self.dropout.forward(silu(p.linear(&self.up, x))))
     }
 }
 
@@ -274,18 +274,13 @@ impl<B: Backend> ConformerLayer<B> {
         p: Precision,
     ) -> Tensor<B, 3> {
         let x = x.clone()
-            + super::dropout(&self.dropout, self.ff1.forward(self.norm_ff1.forward(x), p))
-                .mul_scalar(0.5);
+            + self.dropout.forward(self.ff1.forward(self.norm_ff1.forward(x), p)).mul_scalar(0.5);
         let x = x.clone()
-            + super::dropout(
-                &self.dropout,
-                self.att.forward(self.norm_att.forward(x), pos, pad, p),
-            );
+            + self.dropout.forward(self.att.forward(self.norm_att.forward(x), pos, pad, p));
+        let x =
+            x.clone() + self.dropout.forward(self.conv.forward(self.norm_conv.forward(x), keep, p));
         let x = x.clone()
-            + super::dropout(&self.dropout, self.conv.forward(self.norm_conv.forward(x), keep, p));
-        let x = x.clone()
-            + super::dropout(&self.dropout, self.ff2.forward(self.norm_ff2.forward(x), p))
-                .mul_scalar(0.5);
+            + self.dropout.forward(self.ff2.forward(self.norm_ff2.forward(x), p)).mul_scalar(0.5);
         self.norm_out.forward(x)
     }
 }
@@ -336,8 +331,8 @@ impl<B: Backend> Encoder<B> {
         if self.xscaling {
             x = x.mul_scalar((d as f64).sqrt());
         }
-        let pos = super::dropout(&self.dropout, rel_positions::<B>(t, self.d_model, &device));
-        let x = super::dropout(&self.dropout, x);
+        let pos = self.dropout.forward(rel_positions::<B>(t, self.d_model, &device));
+        let x = self.dropout.forward(x);
         let valid = super::mask::valid::<B>(enc_lens, t, &device);
         let keep = valid.clone().float().reshape([b, t, 1]);
         let pad = valid.bool_not().reshape([b, 1, 1, t]);

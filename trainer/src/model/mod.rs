@@ -39,22 +39,6 @@ pub fn seed_backend<B: Backend>(device: &B::Device, seed: u64) {
     B::seed(device, seed);
 }
 
-/// Burn's dropout with its draw under the lock that seeding takes. Without it, a model's
-/// dropout on another thread (a concurrent trainer in the same process) could draw between
-/// [`draw_seeded`]'s seeding and its draws, and change this trainer's dither: a resumed run
-/// then stops repeating the uninterrupted one (seen in the e2e tests, which train several
-/// models at once).
-pub fn dropout<B: Backend, const D: usize>(
-    layer: &burn::nn::Dropout,
-    x: Tensor<B, D>,
-) -> Tensor<B, D> {
-    if layer.prob == 0.0 {
-        return layer.forward(x);
-    }
-    let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    layer.forward(x)
-}
-
 /// Runs `draw` right after seeding the backend's generator with `seed`, under the lock that
 /// model building takes: what `draw` takes from the generator is a pure function of `seed` even
 /// while other threads use the generator (ranks that are threads of one process).
