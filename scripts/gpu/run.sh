@@ -31,7 +31,7 @@
 #        d over e is the headline figure (ASRT_PEER_RUNS picks the runs)
 #   f    out of memory: a huge max_batch_seconds must stop cleanly naming the batch, then a run
 #        at the suggested value
-#   g    refusals: a device listed twice, an ordinal the machine lacks; NCCL at world size 1, the
+#   g    (runs before f, which may take what is left of the budget) refusals: a device listed twice, an ordinal the machine lacks; NCCL at world size 1, the
 #        in-process all-reduce and the cudarc communicator (asrt-bench nccl-check)
 # Results: $OUT/results.json and $OUT/results.md (the summary table, last), $OUT/logs.tar.gz
 # (every step's log and output), at most 8 files in all.
