@@ -11,6 +11,21 @@ use asr_trainer::evaluate_model_cpu;
 use asr_trainer::{run_cpu, RunOptions};
 use asr_trainer::{DataSpec, ResumeMismatch, TrainConfig, TrainError};
 
+/// Every training test holds this while it runs, so they take turns, as the trainer's own
+/// integration tests do (`trainer/tests/it/main.rs`, `serial`). Trainers in one process share
+/// Burn's process-global state: the backend's generator, rayon's pool, and the autodiff graph
+/// server, whose cleanup after any thread's backward visits every graph of the process
+/// (burn-autodiff 0.21, `runtime/graph.rs`, `cleanup_orphaned_entries`), so when another
+/// trainer's leftover nodes and their tensors are freed depends on that thread's timing. Two
+/// full CI runs saw a resume comparison of this file lose exactness with the tests training side
+/// by side (bench/RESULTS.md, "AdamW in one host pass"); the comparisons are of one trainer
+/// against itself, so they run alone.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked holding the lock has failed already; the next one may run.
+    TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn example() -> PathBuf {
     PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run through cargo test"))
         .join("../examples/espeak")
@@ -43,6 +58,7 @@ fn config(text: &str) -> TrainConfig {
 
 #[test]
 fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
+    let _turn = serial();
     let dir = tempfile::tempdir().unwrap();
     let corpus = compile_example(dir.path(), None);
     let cfg = config(
@@ -113,6 +129,7 @@ fn example_trains_checkpoints_resumes_exactly_and_evaluates() {
 /// resumes exactly; the same parts in another order are refused on resume.
 #[test]
 fn parts_train_as_one_set_with_corpus_index_ids_and_resume_exactly() {
+    let _turn = serial();
     let dir = tempfile::tempdir().unwrap();
     let parts = [
         compile_part(dir.path(), None, Some((0, 2))),
@@ -174,6 +191,7 @@ fn parts_train_as_one_set_with_corpus_index_ids_and_resume_exactly() {
 #[test]
 #[ignore]
 fn tiny_model_overfits_five_utterances() {
+    let _turn = serial();
     let dir = tempfile::tempdir().unwrap();
     let corpus = compile_example(dir.path(), Some(1.78));
     let c = Corpus::open(&corpus).unwrap();
@@ -229,6 +247,7 @@ fn tiny_model_memorises_five_utterances_in_f16_mixed_on_flex() {
 
 /// The memorisation recipe in `precision` on burn-flex (the CPU backend with half types).
 fn memorises_in(precision: asr_trainer::Precision) {
+    let _turn = serial();
     use asr_trainer::{dispatch, Devices, Precision, RunOn};
     let dir = tempfile::tempdir().unwrap();
     let corpus = compile_example(dir.path(), Some(1.78));
@@ -285,6 +304,7 @@ fn memorises_in(precision: asr_trainer::Precision) {
 /// it as imported, and exports back to a `.nemo` that imports to the checkpoint's weights.
 #[test]
 fn fine_tunes_a_nemo_model_and_exports_it_back() {
+    let _turn = serial();
     use asr_trainer::nemo;
     let fixture = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap())
         .join("../trainer/tests/data/nemo/tiny-tdt.nemo");

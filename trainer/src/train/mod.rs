@@ -18,6 +18,7 @@
 //! checkpointed model, optimizer state, counters and sampler position, a resumed run repeats the
 //! uninterrupted one bit for bit on the CPU backend.
 
+pub mod adamw;
 pub mod collective;
 pub mod fused;
 pub mod grads;
@@ -33,9 +34,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+
+use adamw::{AdamWSettings, HostAdamW};
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::config::{ConfigError, JointPath, TrainConfig};
@@ -320,8 +323,8 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub cfg: TrainConfig,
     /// The model.
     pub model: TdtModel<B>,
-    /// AdamW.
-    pub optim: OptimizerAdaptor<AdamW, TdtModel<B>, B>,
+    /// AdamW (Burn's, in one host pass per parameter on the CPU backends: [`adamw`]).
+    pub optim: OptimizerAdaptor<HostAdamW, TdtModel<B>, B>,
     /// The loss (its call count is part of the run's state).
     pub loss: TdtLoss,
     frontend: MelFrontend<B>,
@@ -382,12 +385,14 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             TdtModel::new(&cfg.model, vocab, rng::derive(cfg.train.seed, Stream::Init, 0), &device)
                 .with_precision(precision);
         let o = &cfg.optim;
-        let optim = AdamWConfig::new()
-            .with_beta_1(o.betas.0 as f32)
-            .with_beta_2(o.betas.1 as f32)
-            .with_epsilon(o.eps as f32)
-            .with_weight_decay(o.weight_decay as f32)
-            .init::<B, TdtModel<B>>();
+        let settings = AdamWSettings {
+            beta_1: o.betas.0 as f32,
+            beta_2: o.betas.1 as f32,
+            epsilon: o.eps as f32,
+            weight_decay: o.weight_decay as f32,
+        };
+        // Where the tensors live on the host (the backends whose joint runs there too).
+        let optim = OptimizerAdaptor::from(HostAdamW::new(settings, B::joint_on_host()));
         let loss = TdtLoss::new(cfg.loss.clone(), cfg.train.seed)?;
         let frontend = MelFrontend::new(&cfg.model.preprocessor, &device);
         Ok(Trainer {
