@@ -4,11 +4,15 @@
 //! model's training step (measured with `perf`); these kernels are small (3x3 stride 2 with one
 //! input channel or depthwise, and a depthwise 1-D kernel), so a sum over the kernel taps of
 //! shifted views times per-channel weights is exact, fast on every backend and differentiable.
-//! Layout is channels-last: `[B, H, W, C]` and `[B, T, C]`.
+//! Layout is channels-last: `[B, H, W, C]` and `[B, T, C]`. On NdArray the depthwise ones run
+//! as one host operation each instead ([`super::host_depthwise`]), which the tap form here
+//! checks.
 
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::Distribution;
+
+use super::host_depthwise::{self, Geometry};
 
 fn uniform<B: Backend, const D: usize>(
     shape: [usize; D],
@@ -100,11 +104,21 @@ impl<B: Backend> Conv3x3S2<B> {
 
     /// `[B, H, W, 1 or C]` to `[B, ceil(H/2), ceil(W/2), C]`.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        if x.dims()[3] == 1 {
+            return self.one_channel(pad_even(pad_even(x, 1), 2));
+        }
+        let geometry = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
+        match host_depthwise::on_host(&x, &self.weight.val(), &self.bias.val(), geometry) {
+            Some(out) => out,
+            None => self.depthwise_taps(x),
+        }
+    }
+
+    /// The depthwise form as a sum over the taps of shifted views (every backend; the CPU
+    /// backend runs [`host_depthwise`] instead).
+    fn depthwise_taps(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let x = pad_even(pad_even(x, 1), 2);
         let c = self.weight.dims()[1];
-        if x.dims()[3] == 1 {
-            return self.one_channel(x);
-        }
         let rows = taps(x, 1);
         let mut out: Option<Tensor<B, 4>> = None;
         for (r, row) in rows.into_iter().enumerate() {
@@ -157,6 +171,19 @@ impl<B: Backend> DepthwiseConv1d<B> {
 
     /// `[B, T, C]` to `[B, T, C]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [b, t, c] = x.dims();
+        let k = self.weight.dims()[0];
+        let geometry = Geometry { kernel: [k, 1], stride: [1, 1], padding: [k / 2, 0] };
+        let x4 = x.clone().reshape([b, t, 1, c]);
+        match host_depthwise::on_host(&x4, &self.weight.val(), &self.bias.val(), geometry) {
+            Some(out) => out.reshape([b, t, c]),
+            None => self.taps(x),
+        }
+    }
+
+    /// The sum over the taps of shifted views (every backend; the CPU backend runs
+    /// [`host_depthwise`] instead).
+    fn taps(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, t, c] = x.dims();
         let k = self.weight.dims()[0];
         let half = k / 2;
@@ -220,6 +247,80 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Largest |a - b| over two tensors' values, relative to the largest |b|.
+    fn relative<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
+        let (a, b) =
+            (a.into_data().to_vec::<f32>().unwrap(), b.into_data().to_vec::<f32>().unwrap());
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(f32::MIN_POSITIVE);
+        a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    }
+
+    type A = burn::backend::Autodiff<NdArray>;
+
+    /// Relative differences between two forms' outputs `[B, H, W, C]` and their gradients
+    /// (input `x`, weight `w`, bias `b`) under the same random upstream gradient.
+    fn form_errors<const D: usize>(
+        host: Tensor<A, 4>,
+        taps: Tensor<A, 4>,
+        x: &Tensor<A, D>,
+        w: &Param<Tensor<A, 2>>,
+        b: &Param<Tensor<A, 1>>,
+    ) -> [f32; 4] {
+        let r = Tensor::<A, 4>::random(host.dims(), Distribution::Default, &host.device());
+        let gh = (host.clone() * r.clone()).sum().backward();
+        let gt = (taps.clone() * r).sum().backward();
+        [
+            relative(host.inner(), taps.inner()),
+            relative(x.grad(&gh).unwrap(), x.grad(&gt).unwrap()),
+            relative(w.val().grad(&gh).unwrap(), w.val().grad(&gt).unwrap()),
+            relative(b.val().grad(&gh).unwrap(), b.val().grad(&gt).unwrap()),
+        ]
+    }
+
+    /// The host operation (NdArray, under autodiff as in training) against the tap form it
+    /// replaces there: the output and the gradients of the input, the weight and the bias,
+    /// for the 3x3 stride-2 stage at odd and even sizes and for 1-D kernels.
+    #[test]
+    fn host_depthwise_matches_the_tap_form_and_its_gradients() {
+        let device = Default::default();
+        let mut worst = [0f32; 4];
+        let mut keep = |errors: [f32; 4]| {
+            for (m, e) in worst.iter_mut().zip(errors) {
+                *m = m.max(e);
+            }
+        };
+        for (h, w, c) in [(7, 6, 5), (8, 9, 3), (1, 1, 2), (2, 3, 4), (16, 12, 8)] {
+            let conv = Conv3x3S2::<A>::new(c, &device);
+            let x =
+                Tensor::<A, 4>::random([2, h, w, c], Distribution::Default, &device).require_grad();
+            let g = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
+            let host = host_depthwise::on_host(&x, &conv.weight.val(), &conv.bias.val(), g);
+            let host = host.expect("NdArray under autodiff takes the host operation");
+            assert_eq!(host.dims(), [2, out_len(h), out_len(w), c]);
+            let taps = conv.depthwise_taps(x.clone());
+            keep(form_errors(host, taps, &x, &conv.weight, &conv.bias));
+        }
+        for (t, c, k) in [(11, 3, 5), (4, 2, 9), (30, 6, 9)] {
+            let conv = DepthwiseConv1d::<A>::new(c, k, &device);
+            let x =
+                Tensor::<A, 3>::random([2, t, c], Distribution::Default, &device).require_grad();
+            let host = conv.forward(x.clone()).reshape([2, t, 1, c]);
+            let taps = conv.taps(x.clone()).reshape([2, t, 1, c]);
+            keep(form_errors(host, taps, &x, &conv.weight, &conv.bias));
+        }
+        eprintln!("host depthwise against taps (relative): output, dx, dw, db = {worst:?}");
+        // The output adds the same f32 terms in the same order as the tap form (a tap outside
+        // the input adds nothing there, a zero here): equal. The gradients sum in other orders;
+        // measured 2026-11-26: at most 2.0e-7 of the largest value (the inputs are random).
+        assert_eq!(worst[0], 0.0, "output");
+        for (what, e) in
+            ["input gradient", "weight gradient", "bias gradient"].iter().zip(&worst[1..])
+        {
+            assert!(*e < 8e-7, "{what}: {e}");
         }
     }
 

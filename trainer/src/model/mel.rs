@@ -8,12 +8,14 @@
 //! NeMo 2 counts; mean, unbiased std + 1e-5);
 //! frames past the valid length set to 0. Frames are assembled on the device from hop-sized
 //! blocks of the padded signal and multiplied by the windowed DFT basis (one matrix product), so
-//! the whole front end is tensor operations on the device.
+//! the whole front end is tensor operations on the device. On the CPU backends, whose tensors
+//! are host memory, the same steps run on the host with a real FFT ([`super::host_mel`]).
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
 
 use super::config::PreprocessorConfig;
+use super::host_mel::HostMel;
 
 /// Normalisation floor NeMo adds to the standard deviation.
 const STD_EPS: f64 = 1e-5;
@@ -27,6 +29,24 @@ pub struct MelFrontend<B: Backend> {
     /// `[bins, features]`.
     filterbank: Tensor<B, 2>,
     bins: usize,
+    /// The host form, on the CPU backends ([`host_memory`]).
+    host: Option<HostMel>,
+}
+
+/// Whether `B` keeps its tensors in host memory: NdArray and burn-flex, bare or under autodiff
+/// (the backend types `device::dispatch` runs on the CPU). The front end has no parameters, so
+/// its backend only decides where its arithmetic runs.
+fn host_memory<B: Backend>() -> bool {
+    use burn::backend::{Autodiff, Flex, NdArray};
+    use std::any::TypeId;
+    let id = TypeId::of::<B>();
+    [
+        TypeId::of::<NdArray>(),
+        TypeId::of::<Autodiff<NdArray>>(),
+        TypeId::of::<Flex>(),
+        TypeId::of::<Autodiff<Flex>>(),
+    ]
+    .contains(&id)
 }
 
 /// Slaney mel scale (librosa's default): linear below 1 kHz, logarithmic above.
@@ -148,7 +168,20 @@ impl<B: Backend> MelFrontend<B> {
             dft: Tensor::from_data(TensorData::new(dft, [n_fft, 2 * bins]), device),
             filterbank: Tensor::from_data(TensorData::new(fb, [bins, cfg.features]), device),
             bins,
+            host: host_memory::<B>().then(|| HostMel::new(cfg)),
         }
+    }
+
+    /// This front end with its arithmetic as tensor operations on every backend (tests and
+    /// benchmarks compare the two forms).
+    pub fn on_device(mut self) -> Self {
+        self.host = None;
+        self
+    }
+
+    /// Whether the front end runs on the host ([`super::host_mel`]).
+    pub fn runs_on_host(&self) -> bool {
+        self.host.is_some()
     }
 
     /// Features `[batch, frames, features]` and valid frames per utterance, from padded 16-bit
@@ -165,6 +198,11 @@ impl<B: Backend> MelFrontend<B> {
         dither_seed: Option<u64>,
         device: &B::Device,
     ) -> (Tensor<B, 3>, Vec<usize>) {
+        if let Some(host) = &self.host {
+            if let Some(out) = self.forward_on_host(host, pcm, batch, lens, dither_seed, device) {
+                return out;
+            }
+        }
         let samples = pcm.len() / batch.max(1);
         let mut x = unpack_pcm::<B>(pcm, batch, samples, device).mul_scalar(1.0 / 32768.0);
         let sample_lens: Vec<usize> = lens.iter().map(|&n| n as usize).collect();
@@ -224,6 +262,46 @@ impl<B: Backend> MelFrontend<B> {
         let std = (centred.clone().powf_scalar(2.0).sum_dim(1) / dof).sqrt();
         let features = centred / (std + STD_EPS) * mask;
         (features, frame_lens)
+    }
+
+    /// [`Self::forward`] on the host: the same dither draw as the tensor form, the signal and
+    /// everything after it in f64 ([`HostMel::features`]). `None` if the dither could not be
+    /// read as f32 (the tensor form then runs instead).
+    fn forward_on_host(
+        &self,
+        host: &HostMel,
+        pcm: &[i16],
+        batch: usize,
+        lens: &[u32],
+        dither_seed: Option<u64>,
+        device: &B::Device,
+    ) -> Option<(Tensor<B, 3>, Vec<usize>)> {
+        let samples = pcm.len() / batch.max(1);
+        let mut x: Vec<f64> =
+            pcm[..batch * samples].iter().map(|&s| f64::from(s) / 32768.0).collect();
+        if let (Some(seed), true) = (dither_seed, self.cfg.dither > 0.0) {
+            let normal = Distribution::Normal(0.0, self.cfg.dither);
+            let noise = super::draw_seeded::<B, _>(device, seed, || {
+                Tensor::<B, 2>::random([batch, samples], normal, device)
+            });
+            let noise = noise.into_data().convert::<f32>().into_vec::<f32>().ok()?;
+            x.iter_mut().zip(&noise).for_each(|(x, n)| *x += f64::from(*n));
+        }
+        for (row, &len) in x.chunks_exact_mut(samples.max(1)).zip(lens) {
+            if self.cfg.preemph != 0.0 && samples > 1 {
+                // Backwards, so that each step reads its predecessor before it changes.
+                for t in (1..samples).rev() {
+                    row[t] -= row[t - 1] * self.cfg.preemph;
+                }
+            }
+            row[(len as usize).min(samples)..].fill(0.0);
+        }
+        let n_frames = padded_frames(&self.cfg, samples);
+        let frame_lens: Vec<usize> =
+            lens.iter().map(|&n| frames(&self.cfg, n as usize).min(n_frames)).collect();
+        let features = host.features(&x, batch, n_frames, &frame_lens);
+        let shape = [batch, n_frames, self.cfg.features];
+        Some((Tensor::from_data(TensorData::new(features, shape), device), frame_lens))
     }
 }
 

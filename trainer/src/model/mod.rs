@@ -6,6 +6,8 @@ pub mod conv;
 pub mod decoder;
 pub mod encoder;
 pub mod greedy;
+pub mod host_depthwise;
+pub mod host_mel;
 pub mod mask;
 pub mod mel;
 pub mod precision;
