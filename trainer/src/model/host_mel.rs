@@ -23,9 +23,7 @@ use realfft::num_complex::Complex;
 use realfft::{RealFftPlanner, RealToComplex};
 
 use super::config::PreprocessorConfig;
-
-/// Normalisation floor NeMo adds to the standard deviation (as the tensor form).
-const STD_EPS: f64 = 1e-5;
+use super::mel::STD_EPS;
 
 /// The front end's constants on the host.
 #[derive(Clone)]
@@ -56,11 +54,9 @@ struct Scratch {
 impl HostMel {
     /// The constants for `cfg`.
     pub fn new(cfg: &PreprocessorConfig) -> HostMel {
-        let (n_fft, win) = (cfg.n_fft, cfg.window_size);
+        let n_fft = cfg.n_fft;
         let bins = n_fft / 2 + 1;
-        let offset = (n_fft - win) / 2;
-        let mut window = vec![0.0; n_fft];
-        window[offset..offset + win].copy_from_slice(&super::mel::hann_window(win));
+        let window = super::mel::centred_window(cfg);
         let fb = super::mel::mel_filterbank(cfg.sample_rate, n_fft, cfg.features);
         let bands = (0..cfg.features)
             .map(|m| {

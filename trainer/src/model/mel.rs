@@ -18,7 +18,7 @@ use super::config::PreprocessorConfig;
 use super::host_mel::HostMel;
 
 /// Normalisation floor NeMo adds to the standard deviation.
-const STD_EPS: f64 = 1e-5;
+pub(super) const STD_EPS: f64 = 1e-5;
 
 /// The front end's constant tensors on one device.
 #[derive(Debug, Clone)]
@@ -130,6 +130,16 @@ pub fn unpack_pcm<B: Backend>(
         .reshape([batch, samples])
 }
 
+/// The `n_fft`-long analysis window: the Hann window of `window_size` samples centred in it,
+/// zero outside.
+pub(super) fn centred_window(cfg: &PreprocessorConfig) -> Vec<f64> {
+    let (n_fft, win) = (cfg.n_fft, cfg.window_size);
+    let offset = (n_fft - win) / 2;
+    let mut window = vec![0.0; n_fft];
+    window[offset..offset + win].copy_from_slice(&hann_window(win));
+    window
+}
+
 /// Valid frames of an utterance of `samples` samples: `samples / hop`, as NeMo 2 counts them
 /// (`FilterbankFeatures.get_seq_len`). The padded tensor has `max_samples / hop + 1` centred
 /// frames; the last one of each utterance is treated as padding, as NeMo does.
@@ -145,12 +155,9 @@ pub fn padded_frames(cfg: &PreprocessorConfig, max_samples: usize) -> usize {
 impl<B: Backend> MelFrontend<B> {
     /// Builds the constant tensors on `device`.
     pub fn new(cfg: &PreprocessorConfig, device: &B::Device) -> MelFrontend<B> {
-        let (n_fft, win) = (cfg.n_fft, cfg.window_size);
+        let n_fft = cfg.n_fft;
         let bins = n_fft / 2 + 1;
-        let offset = (n_fft - win) / 2;
-        // The window centred in n_fft, zero outside.
-        let mut window = vec![0.0; n_fft];
-        window[offset..offset + win].copy_from_slice(&hann_window(win));
+        let window = centred_window(cfg);
         let mut dft = vec![0f32; 2 * bins * n_fft];
         for k in 0..bins {
             for (n, w) in window.iter().enumerate() {
@@ -177,6 +184,11 @@ impl<B: Backend> MelFrontend<B> {
     pub fn on_device(mut self) -> Self {
         self.host = None;
         self
+    }
+
+    /// Valid frames of each utterance of `lens` samples in a batch of `n_frames` frames.
+    fn frame_lens(&self, lens: &[u32], n_frames: usize) -> Vec<usize> {
+        lens.iter().map(|&n| frames(&self.cfg, n as usize).min(n_frames)).collect()
     }
 
     /// Whether the front end runs on the host ([`super::host_mel`]).
@@ -247,8 +259,7 @@ impl<B: Backend> MelFrontend<B> {
         let mel = power.matmul(self.filterbank.clone().unsqueeze::<3>());
         let logmel = (mel + self.cfg.log_zero_guard_value).log(); // [B, frames, features]
 
-        let frame_lens: Vec<usize> =
-            lens.iter().map(|&n| frames(&self.cfg, n as usize).min(n_frames)).collect();
+        let frame_lens = self.frame_lens(lens, n_frames);
         let mask =
             super::mask::keep::<B>(&frame_lens, n_frames, device).reshape([batch, n_frames, 1]);
         let counts: Vec<f32> = frame_lens.iter().map(|&l| l.max(1) as f32).collect();
@@ -297,8 +308,7 @@ impl<B: Backend> MelFrontend<B> {
             row[(len as usize).min(samples)..].fill(0.0);
         }
         let n_frames = padded_frames(&self.cfg, samples);
-        let frame_lens: Vec<usize> =
-            lens.iter().map(|&n| frames(&self.cfg, n as usize).min(n_frames)).collect();
+        let frame_lens = self.frame_lens(lens, n_frames);
         let features = host.features(&x, batch, n_frames, &frame_lens);
         let shape = [batch, n_frames, self.cfg.features];
         Some((Tensor::from_data(TensorData::new(features, shape), device), frame_lens))
