@@ -76,17 +76,23 @@ struct NodeProbs {
 /// maximum or log-normaliser, so never above 88.
 #[inline(always)]
 fn exp_f32(x: f32) -> f32 {
-    // Adding 1.5 * 2^23 rounds to the nearest integer (SSE2 has no rounding instruction).
+    // Adding 1.5 * 2^23 rounds to the nearest integer (SSE2 has no rounding instruction), and
+    // leaves that integer in the sum's low mantissa bits: `k`'s bits minus `ROUND`'s are `n`.
+    // Reading `n` from the bits, not with `as i32` (a saturating conversion), keeps the loop
+    // free of the scalar conversion that stopped it vectorising.
     const ROUND: f32 = 12_582_912.0;
     let y = x.clamp(-87.3, 88.0);
-    let n = (y * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let k = y * std::f32::consts::LOG2_E + ROUND;
+    let n = k - ROUND;
     // ln 2 in two parts, the first exact in f32, so `n * LN2_HI` is exact.
     let r = y - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let p = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 0.166_666_65)
         * r
         + 0.5;
-    let e = (p * r * r + r + 1.0) * f32::from_bits(((n as i32 + 127) << 23) as u32);
+    // `n` is in [-126, 127], so `n + 127` is a normal exponent.
+    let two_n = f32::from_bits(k.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
+    let e = (p * r * r + r + 1.0) * two_n;
     if x < -87.3 {
         0.0
     } else {
@@ -94,19 +100,52 @@ fn exp_f32(x: f32) -> f32 {
     }
 }
 
+/// Independent accumulators per pass over a node's logits: a sum or maximum carried in one
+/// variable is a chain the compiler may not reorder, so it stays scalar; sixteen lanes fill an
+/// AVX-512 register (two AVX2 ones).
+const LANES: usize = 16;
+
+/// Runs `f` compiled for the widest vector instructions this CPU has (AVX-512 or AVX2 with FMA
+/// on x86-64, found at run time; the baseline elsewhere). The loops over a node's logits are
+/// plain code that the compiler vectorises for whatever target it compiles them for; the
+/// functions they live in are `#[inline(always)]` so that they are compiled inside `f`.
+#[inline(always)]
+fn vectorised<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
+#[inline(always)]
 fn log_softmax_denominator(z: &[f32]) -> f64 {
-    let max = z.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = z.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let max = chunks.remainder().iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     if max == f32::NEG_INFINITY {
         return NEG_INF;
     }
-    // exp in f32 (vectorised), accumulated in f64 in chunks: a f64 per term would keep the
-    // loop scalar.
-    let s: f64 =
-        z.chunks(16).map(|c| f64::from(c.iter().map(|&x| exp_f32(x - max)).sum::<f32>())).sum();
+    // exp in f32 (vectorised), each lane summing 16 terms in f32 before the lanes are added in
+    // f64: a f64 per term would keep the loop scalar.
+    let mut s = 0f64;
+    for block in z.chunks(16 * LANES) {
+        let mut acc = [0f32; LANES];
+        let mut chunks = block.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                *a += exp_f32(x - max);
+            }
+        }
+        let tail: f32 = chunks.remainder().iter().map(|&x| exp_f32(x - max)).sum();
+        s += acc.iter().map(|&a| f64::from(a)).sum::<f64>() + f64::from(tail);
+    }
     f64::from(max) + s.ln()
 }
 
 /// `with_durations: false` skips the duration softmax (RNN-T reads token logits only).
+#[inline(always)]
 fn node_probs(logits: &[f32], dims: &Dims, targets: &[u32], with_durations: bool) -> NodeProbs {
     let (t_n, u_n, v) = (dims.t, dims.u, dims.vocab);
     let nd = if with_durations { dims.n_dur } else { 0 };
@@ -148,7 +187,9 @@ pub fn tdt_utterance(
     grad: Option<&mut [f32]>,
 ) -> f64 {
     match grad {
-        None => -tdt_forward(logits, dims, targets, opts).log_p * (1.0 + opts.fastemit_lambda),
+        None => vectorised(|| {
+            -tdt_forward(logits, dims, targets, opts).log_p * (1.0 + opts.fastemit_lambda)
+        }),
         Some(grad) => {
             grad.copy_from_slice(&logits[..grad.len()]);
             tdt_in_place(grad, dims, targets, opts)
@@ -171,6 +212,7 @@ fn arc(p: &NodeProbs, nd: usize, sigma: f64, n: usize, label: bool, i: usize) ->
 }
 
 /// Node log-probabilities, alphas and `log P(y|x)` of one utterance.
+#[inline(always)]
 fn tdt_forward(logits: &[f32], dims: &Dims, targets: &[u32], opts: &TdtOptions) -> Forward {
     let (t_n, u_n, nd) = (dims.t, dims.u, dims.n_dur);
     let durs = &opts.durations;
@@ -216,6 +258,11 @@ fn tdt_forward(logits: &[f32], dims: &Dims, targets: &[u32], opts: &TdtOptions) 
 /// per-node quantities computed before any row is written, so no second block-sized buffer
 /// is needed: this is what lets the loss run with the logits as its only large buffer.
 pub fn tdt_in_place(block: &mut [f32], dims: &Dims, targets: &[u32], opts: &TdtOptions) -> f64 {
+    vectorised(|| tdt_in_place_inline(block, dims, targets, opts))
+}
+
+#[inline(always)]
+fn tdt_in_place_inline(block: &mut [f32], dims: &Dims, targets: &[u32], opts: &TdtOptions) -> f64 {
     let (t_n, u_n, v, nd) = (dims.t, dims.u, dims.vocab, dims.n_dur);
     let durs = &opts.durations;
     let sigma = opts.sigma;
@@ -325,7 +372,7 @@ pub fn rnnt_utterance(
     grad: Option<&mut [f32]>,
 ) -> f64 {
     match grad {
-        None => -rnnt_forward(logits, dims, targets).log_p,
+        None => vectorised(|| -rnnt_forward(logits, dims, targets).log_p),
         Some(grad) => {
             grad.copy_from_slice(&logits[..grad.len()]);
             rnnt_in_place(grad, dims, targets)
@@ -334,6 +381,7 @@ pub fn rnnt_utterance(
 }
 
 /// Node log-probabilities, alphas and `log P(y|x)` of the RNN-T lattice.
+#[inline(always)]
 fn rnnt_forward(logits: &[f32], dims: &Dims, targets: &[u32]) -> Forward {
     let (t_n, u_n) = (dims.t, dims.u);
     let p = node_probs(logits, dims, targets, false);
@@ -358,6 +406,11 @@ fn rnnt_forward(logits: &[f32], dims: &Dims, targets: &[u32]) -> Forward {
 
 /// [`rnnt_utterance`] with the gradient written over the logits (see [`tdt_in_place`]).
 pub fn rnnt_in_place(block: &mut [f32], dims: &Dims, targets: &[u32]) -> f64 {
+    vectorised(|| rnnt_in_place_inline(block, dims, targets))
+}
+
+#[inline(always)]
+fn rnnt_in_place_inline(block: &mut [f32], dims: &Dims, targets: &[u32]) -> f64 {
     let (t_n, u_n, v) = (dims.t, dims.u, dims.vocab);
     let Forward { p, alpha, log_p } = rnnt_forward(block, dims, targets);
     if log_p == NEG_INF {

@@ -15,8 +15,9 @@
 //!    (the column sums of `G`) accumulate per thread.
 //!
 //! The logits of one utterance are the largest buffer (one per thread); nothing of the padded
-//! lattice exists. The products are `gemm`'s (AVX-512 where the CPU has it), single-threaded
-//! inside a task because the tasks are already parallel.
+//! lattice exists. The products are `gemm`'s (its AVX2 kernels where the CPU has them, not its
+//! AVX-512 ones: see the manifest), single-threaded inside a task because the tasks are already
+//! parallel.
 // `gemm` takes raw pointers and strides; every call says why its ranges are valid.
 #![allow(unsafe_code)]
 
