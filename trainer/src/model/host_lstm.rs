@@ -1,0 +1,214 @@
+//! The prediction network's LSTM recurrence as one host operation on the CPU backend.
+//!
+//! `decoder::lstm_sequence` computes the input's projections for every step at once, then per
+//! step one `[B, H] x [H, 4H]` product, four gate activations and the cell update. As Burn
+//! operations under autodiff, each step's backward computes its own `[H, 4H]` weight gradient
+//! (a rank-`B` product the size of the weight) and adds it into the running sum: at the
+//! 0.6B width (H = 640) and about 80 steps, that backward was a fifth of the CPU training step
+//! (bench/RESULTS.md, "The LSTM recurrence on the host"). Here the whole recurrence is one
+//! operation with its own backward: the steps' gate gradients first (the recurrence needs
+//! them in order), then the weight's gradient as one product over all steps.
+//!
+//! Which backend: as `host_depthwise` (whose helpers this shares), NdArray bare or under
+//! autodiff, f32 tensors; `None` elsewhere, and the caller runs the graph form.
+//!
+//! Invariants:
+//! - the gates are `[input, forget, output, cell]` blocks of `H` along the last axis, the order
+//!   `lstm_sequence` concatenates Burn's gate weights in; sigmoid on the first three, tanh on
+//!   the cell candidate; the state starts at zero;
+//! - `xin` already holds both biases: the operation's parameters are `xin` and the hidden
+//!   weight only, and their gradients are the graph form's (tested against it).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ndarray::NdArrayTensor;
+use burn::backend::{Autodiff, NdArray};
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use ndarray::linalg::general_mat_mul;
+use ndarray::{s, ArrayView2, ArrayViewMut2};
+
+use super::host_depthwise::{cast, float, tensor, with_values};
+
+/// What the forward keeps for the backward: the gate activations `[B, S, 4H]`, the cells and
+/// the outputs `[B, S, H]`, and the hidden weight `[H, 4H]`, all row-major.
+// Clone: Burn's bound on a backward step's state; the step takes it by value, no copy is made.
+#[derive(Debug, Clone)]
+struct Saved {
+    acts: Vec<f32>,
+    cells: Vec<f32>,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    dims: [usize; 3],
+}
+
+/// The hidden states `[B, S, H]` of the recurrence over `xin` `[B, S, 4H]` (the input's
+/// projections plus both biases) with the hidden weight `w_hid` `[H, 4H]`, as one host
+/// operation where the backend is NdArray (bare or under autodiff) and the tensors f32; `None`
+/// elsewhere.
+pub fn on_host<B: Backend>(xin: &Tensor<B, 3>, w_hid: &Tensor<B, 2>) -> Option<Tensor<B, 3>> {
+    let id = std::any::TypeId::of::<B>();
+    if id == std::any::TypeId::of::<Autodiff<NdArray>>() {
+        let xin = cast::<_, Tensor<Autodiff<NdArray>, 3>>(xin.clone())?;
+        let w = cast::<_, Tensor<Autodiff<NdArray>, 2>>(w_hid.clone())?;
+        return cast(tracked(xin, w)?);
+    }
+    if id == std::any::TypeId::of::<NdArray>() {
+        let xin = cast::<_, Tensor<NdArray, 3>>(xin.clone())?;
+        let w = cast::<_, Tensor<NdArray, 2>>(w_hid.clone())?;
+        let dims = xin.dims();
+        let saved = forward(&float(xin), &float(w), dims)?;
+        let [b, s, h4] = dims;
+        let out = tensor(saved.hidden, &[b, s, h4 / 4]);
+        return cast(Tensor::<NdArray, 3>::from_primitive(TensorPrimitive::Float(out)));
+    }
+    None
+}
+
+fn tracked(
+    xin: Tensor<Autodiff<NdArray>, 3>,
+    w: Tensor<Autodiff<NdArray>, 2>,
+) -> Option<Tensor<Autodiff<NdArray>, 3>> {
+    let dims = xin.dims();
+    let (xin, w) = (float(xin), float(w));
+    let saved = forward(&xin.primitive, &w.primitive, dims)?;
+    let [b, s, h4] = dims;
+    let out = tensor(saved.hidden.clone(), &[b, s, h4 / 4]);
+    let nodes = [xin.node.clone(), w.node.clone()];
+    let out = match RecurrenceBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(saved, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    Some(Tensor::from_primitive(TensorPrimitive::Float(out)))
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The forward recurrence; `None` when a tensor is not f32 or the shapes disagree.
+fn forward(xin: &NdArrayTensor, w: &NdArrayTensor, dims: [usize; 3]) -> Option<Saved> {
+    if !matches!(xin, NdArrayTensor::F32(_)) {
+        return None;
+    }
+    let [b, s, h4] = dims;
+    let h = h4 / 4;
+    let mut acts = with_values(xin, |v| v.to_vec())?;
+    let weight = with_values(w, |v| v.to_vec())?;
+    if h4 % 4 != 0 || acts.len() != b * s * h4 || weight.len() != h * h4 {
+        return None;
+    }
+    let w = ArrayView2::from_shape((h, h4), &weight).ok()?;
+    let mut cells = vec![0f32; b * s * h];
+    let mut hidden = vec![0f32; b * s * h];
+    for t in 0..s {
+        {
+            let mut gates = ArrayViewMut2::from_shape((b, s * h4), &mut acts).ok()?;
+            let mut g = gates.slice_mut(s![.., t * h4..(t + 1) * h4]);
+            if t > 0 {
+                let hv = ArrayView2::from_shape((b, s * h), &hidden).ok()?;
+                general_mat_mul(1.0, &hv.slice(s![.., (t - 1) * h..t * h]), &w, 1.0, &mut g);
+            }
+        }
+        for bi in 0..b {
+            let g = &mut acts[(bi * s + t) * h4..][..h4];
+            let (ifo, cand) = g.split_at_mut(3 * h);
+            ifo.iter_mut().for_each(|v| *v = sigmoid(*v));
+            cand.iter_mut().for_each(|v| *v = v.tanh());
+            let at = (bi * s + t) * h;
+            for k in 0..h {
+                let prev = if t > 0 { cells[at - h + k] } else { 0.0 };
+                let c = g[h + k] * prev + g[k] * g[3 * h + k];
+                cells[at + k] = c;
+                hidden[at + k] = g[2 * h + k] * c.tanh();
+            }
+        }
+    }
+    Some(Saved { acts, cells, hidden, weight, dims })
+}
+
+/// The backward step: the gradients of `xin` and of the hidden weight from the outputs'.
+#[derive(Debug)]
+struct RecurrenceBackward;
+
+impl Backward<NdArray, 2> for RecurrenceBackward {
+    type State = Saved;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw] = ops.parents;
+        let upstream = grads.consume::<NdArray>(&ops.node);
+        let saved = ops.state;
+        let [b, s, h4] = saved.dims;
+        // The forward ran on f32 tensors of these shapes, and NdArray's float gradients are
+        // f32 or f64, which `with_values` reads: this cannot fail.
+        let (dxin, dw) =
+            with_values(&upstream, |dy| gradients(saved, dy)).flatten().expect("f32 LSTM grads");
+        if let Some(p) = px {
+            grads.register::<NdArray>(p.id, tensor(dxin, &[b, s, h4]));
+        }
+        if let Some(p) = pw {
+            grads.register::<NdArray>(p.id, tensor(dw, &[h4 / 4, h4]));
+        }
+    }
+}
+
+/// `(d xin, d w_hid)` from the outputs' gradient `dy` `[B, S, H]`; the gate gradients are
+/// written over the saved activations.
+fn gradients(saved: Saved, dy: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
+    let Saved { mut acts, cells, hidden, weight, dims: [b, s, h4] } = saved;
+    let h = h4 / 4;
+    if dy.len() != b * s * h {
+        return None;
+    }
+    let w = ArrayView2::from_shape((h, h4), &weight).ok()?;
+    // The recurrent gradients into step t from step t + 1: of the hidden state and the cell.
+    let mut dh_next = vec![0f32; b * h];
+    let mut dc_next = vec![0f32; b * h];
+    for t in (0..s).rev() {
+        for bi in 0..b {
+            let g = &mut acts[(bi * s + t) * h4..][..h4];
+            let at = (bi * s + t) * h;
+            for k in 0..h {
+                let (i, f, o, cand) = (g[k], g[h + k], g[2 * h + k], g[3 * h + k]);
+                let prev = if t > 0 { cells[at - h + k] } else { 0.0 };
+                let tc = cells[at + k].tanh();
+                let dh = dy[at + k] + dh_next[bi * h + k];
+                let dc = dc_next[bi * h + k] + dh * o * (1.0 - tc * tc);
+                g[k] = dc * cand * i * (1.0 - i);
+                g[h + k] = dc * prev * f * (1.0 - f);
+                g[2 * h + k] = dh * tc * o * (1.0 - o);
+                g[3 * h + k] = dc * i * (1.0 - cand * cand);
+                dc_next[bi * h + k] = dc * f;
+            }
+        }
+        // dh into step t - 1: this step's gate gradients times the weight's transpose.
+        let dg = ArrayView2::from_shape((b, s * h4), &acts).ok()?;
+        let mut dh = ArrayViewMut2::from_shape((b, h), &mut dh_next).ok()?;
+        general_mat_mul(1.0, &dg.slice(s![.., t * h4..(t + 1) * h4]), &w.t(), 0.0, &mut dh);
+    }
+    // The weight's gradient: sum over steps t >= 1 of h_{t-1}^T dG_t, one product per
+    // utterance over all its steps.
+    let mut dw = ndarray::Array2::<f32>::zeros((h, h4));
+    if s > 1 {
+        for bi in 0..b {
+            let hv = ArrayView2::from_shape((s, h), &hidden[bi * s * h..(bi + 1) * s * h]).ok()?;
+            let dg = ArrayView2::from_shape((s, h4), &acts[bi * s * h4..(bi + 1) * s * h4]).ok()?;
+            general_mat_mul(
+                1.0,
+                &hv.slice(s![..s - 1, ..]).t(),
+                &dg.slice(s![1.., ..]),
+                1.0,
+                &mut dw,
+            );
+        }
+    }
+    Some((acts, dw.into_raw_vec_and_offset().0))
+}
