@@ -7,6 +7,7 @@ pub mod decoder;
 pub mod encoder;
 pub mod greedy;
 pub mod host_depthwise;
+pub mod host_linear;
 pub mod host_lstm;
 pub mod host_mel;
 pub mod mask;
