@@ -14,10 +14,12 @@
 //!    over `t` into the prediction row; the weight gradient `hidden^T G` and the bias gradient
 //!    (the column sums of `G`) accumulate per thread.
 //!
-//! The logits of one utterance are the largest buffer (one per thread); nothing of the padded
+//! The logits of one utterance are the largest buffer (one per task); nothing of the padded
 //! lattice exists. The products are `gemm`'s (its AVX2 kernels where the CPU has them, not its
-//! AVX-512 ones: see the manifest), single-threaded inside a task because the tasks are already
-//! parallel.
+//! AVX-512 ones: see the manifest), and each is split over the thread pool as well: a
+//! micro-batch of long utterances holds fewer utterances than there are threads (at 20 s of
+//! audio, one to three), and a one-utterance batch ran on one thread. `gemm` splits the output,
+//! never the inner dimension, so each value is summed in the same order at any thread count.
 // `gemm` takes raw pointers and strides; every call says why its ranges are valid.
 #![allow(unsafe_code)]
 
@@ -149,11 +151,12 @@ pub fn joint_loss(
         });
         return Ok(JointOutput { costs: Vec::new(), grads });
     }
+    let par = products_parallelism();
     let Some(weights) = weights else {
         let costs = (0..input.batch)
             .into_par_iter()
             .map_init(Scratch::default, |s, b| {
-                s.logits_of(input, b);
+                s.logits_of(input, b, par);
                 let (dims, targets) = utterance(input, opts, b);
                 let cost = if rnnt {
                     rnnt_utterance(&s.logits, &dims, targets, None)
@@ -194,7 +197,8 @@ pub fn joint_loss(
         .map(|group| {
             let mut acc = Accumulator::new(j, o);
             for (b, d_enc, d_pred) in group {
-                let cost = acc.utterance(input, opts, rnnt, b, weights[b] as f32, d_enc, d_pred);
+                let cost =
+                    acc.utterance(input, opts, rnnt, b, weights[b] as f32, d_enc, d_pred, par);
                 acc.costs.push((b, cost));
             }
             acc
@@ -216,6 +220,15 @@ pub fn joint_loss(
             bias: acc.bias,
         }),
     })
+}
+
+/// How each product is split: over the current pool's threads (`gemm` keeps small products on
+/// one), or not at all on a one-thread pool.
+fn products_parallelism() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    }
 }
 
 fn finite_or_zero(cost: f64, opts: &TdtOptions) -> f64 {
@@ -247,7 +260,7 @@ struct Scratch {
 
 impl Scratch {
     /// Fills `hidden` and `logits` for utterance `b`'s valid nodes.
-    fn logits_of(&mut self, input: &JointInput<'_>, b: usize) {
+    fn logits_of(&mut self, input: &JointInput<'_>, b: usize, par: Parallelism) {
         let (j, o) = (input.hidden, input.outputs);
         let (t, u1) = (input.frame_lens[b], input.target_lens[b] + 1);
         let n = t * u1;
@@ -288,7 +301,7 @@ impl Scratch {
                 false,
                 false,
                 false,
-                Parallelism::None,
+                par,
             );
         }
     }
@@ -331,10 +344,11 @@ impl Accumulator {
         weight: f32,
         d_enc: &mut [f32],
         d_pred: &mut [f32],
+        par: Parallelism,
     ) -> f64 {
         let (j, o) = (input.hidden, input.outputs);
         let s = &mut self.scratch;
-        s.logits_of(input, b);
+        s.logits_of(input, b, par);
         let (dims, targets) = utterance(input, opts, b);
         let cost = if rnnt {
             rnnt_in_place(&mut s.logits, &dims, targets)
@@ -373,7 +387,7 @@ impl Accumulator {
                 false,
                 false,
                 false,
-                Parallelism::None,
+                par,
             );
         }
         for ti in 0..t {
@@ -413,7 +427,7 @@ impl Accumulator {
                 false,
                 false,
                 false,
-                Parallelism::None,
+                par,
             );
         }
         for row in s.logits.chunks_exact(o) {

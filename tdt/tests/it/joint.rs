@@ -25,11 +25,22 @@ struct Problem {
 }
 
 fn problem(seed: u64, n_dur: usize) -> Problem {
+    sized(seed, n_dur, (9, 5, 7, 11), vec![9, 4, 7, 2], vec![5, 2, 0, 1])
+}
+
+/// A batch of `(t_max, u_max, hidden, vocab)` and the given lengths.
+fn sized(
+    seed: u64,
+    n_dur: usize,
+    (t_max, u_max, hidden, vocab): (usize, usize, usize, usize),
+    frame_lens: Vec<usize>,
+    target_lens: Vec<usize>,
+) -> Problem {
     let mut rng = SplitMix64::new(seed);
     let mut draw = |n: usize, scale: f64| -> Vec<f32> {
         (0..n).map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32).collect()
     };
-    let (b, t_max, u_max, hidden, vocab) = (4, 9, 5, 7, 11);
+    let b = frame_lens.len();
     let outputs = vocab + n_dur;
     let enc = draw(b * t_max * hidden, 1.0);
     let pred = draw(b * (u_max + 1) * hidden, 1.0);
@@ -45,8 +56,8 @@ fn problem(seed: u64, n_dur: usize) -> Problem {
         weight,
         bias,
         targets,
-        frame_lens: vec![9, 4, 7, 2],
-        target_lens: vec![5, 2, 0, 1],
+        frame_lens,
+        target_lens,
         t_max,
         u_max,
         hidden,
@@ -253,20 +264,26 @@ fn inputs_of_the_wrong_size_are_errors_naming_them() {
 }
 
 /// Exact resume compares bits: the gradients must not depend on the thread count or on which
-/// thread ran which utterance.
+/// thread ran which utterance. The second batch is one utterance whose products are large
+/// enough for `gemm` to split them over the threads (`m n k` above its threshold, 48 * 48 * 256).
 #[test]
 fn gradients_are_the_same_bits_on_any_thread_count() {
     let opts = TdtOptions { durations: vec![0, 1, 2], omega: 0.0, ..TdtOptions::default() };
-    let p = problem(6, 3);
-    let w = [0.5, 1.0, 0.25, 2.0];
-    let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        let g = pool.install(|| joint_loss(&p.input(true), &opts, false, Some(&w)).unwrap());
-        let g = g.grads.unwrap();
-        (g.enc, g.pred, g.weight, g.bias)
-    };
-    let one = run(1);
-    for threads in [2, 3, 8] {
-        assert!(run(threads) == one, "{threads} threads");
+    let small = (problem(6, 3), vec![0.5, 1.0, 0.25, 2.0]);
+    let large = (sized(7, 3, (40, 12, 64, 200), vec![40], vec![12]), vec![0.5]);
+    let (m, n, k) = (40 * 13, 203, 64);
+    assert!(m * n * k > 48 * 48 * 256);
+    for (p, w) in [&small, &large] {
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let g = pool.install(|| joint_loss(&p.input(true), &opts, false, Some(w)).unwrap());
+            let costs: Vec<u64> = g.costs.iter().map(|c| c.to_bits()).collect();
+            let g = g.grads.unwrap();
+            (costs, g.enc, g.pred, g.weight, g.bias)
+        };
+        let one = run(1);
+        for threads in [2, 3, 8] {
+            assert!(run(threads) == one, "{threads} threads, batch of {}", w.len());
+        }
     }
 }

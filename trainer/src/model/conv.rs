@@ -13,6 +13,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 
 use super::host_depthwise::{self, Geometry};
+use super::host_linear;
 
 fn uniform<B: Backend, const D: usize>(
     shape: [usize; D],
@@ -147,7 +148,11 @@ impl<B: Backend> Conv3x3S2<B> {
             taps(x, 1).into_iter().flat_map(|row| taps(row, 2)).collect();
         let [b, h, w, _] = views[0].dims();
         let cols = Tensor::cat(views, 3).reshape([b * h * w, 9]);
-        let out = cols.matmul(self.weight.val()) + self.bias.val().reshape([1, c]);
+        // On the CPU backend, the product starting from the bias rows over all threads
+        // (`host_linear`); elsewhere Burn's product and a bias pass.
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        let out = host_linear::on_host(&cols, &weight, Some(&bias))
+            .unwrap_or_else(|| cols.matmul(weight) + bias.reshape([1, c]));
         out.reshape([b, h, w, c])
     }
 }

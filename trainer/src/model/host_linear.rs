@@ -5,7 +5,8 @@
 //! contiguous arrays first (`reshape` inside `matmul`): at the 0.6B width those copies were 7 %
 //! of the training step (bench/RESULTS.md, "The linear layers on the host"). Here the forward
 //! starts the product from the bias rows, and the backward passes the transposes to the
-//! product as strides: `dx = dy W^T`, `dW = x^T dy`, `db` the column sums of `dy`.
+//! product as strides: `dx = dy W^T`, `dW = x^T dy`, `db` the column sums of `dy`. The products
+//! are `host_product`'s, split over rayon's threads.
 //!
 //! Which backend: as `host_depthwise` (whose helpers this shares), NdArray bare or under
 //! autodiff, f32 tensors; `None` elsewhere, and the caller runs Burn's `linear`.
@@ -13,6 +14,8 @@
 //! Invariant: Burn's layout, the weight `[in, out]`; values and gradients within f32 rounding
 //! of Burn's `linear` (tested).
 
+use super::host_depthwise::{cast, float, tensor, with_values};
+use super::host_product::{product, View};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -21,10 +24,6 @@ use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::{Autodiff, NdArray};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayView2};
-
-use super::host_depthwise::{cast, float, tensor, with_values};
 
 /// `x W + b` for `x` `[rows, in]`, `weight` `[in, out]` and `bias` `[out]`, as one host
 /// operation where the backend is NdArray (bare or under autodiff) and the tensors f32; `None`
@@ -57,6 +56,9 @@ pub fn on_host<B: Backend>(
     None
 }
 
+/// A tensor under autodiff, as the host operations take them apart.
+type Tracked = burn::tensor::ops::FloatTensor<Autodiff<NdArray>>;
+
 fn tracked(
     x: Tensor<Autodiff<NdArray>, 2>,
     w: Tensor<Autodiff<NdArray>, 2>,
@@ -66,22 +68,25 @@ fn tracked(
     let b = b.map(float);
     let out = forward(&x.primitive, &w.primitive, b.as_ref().map(|b| &b.primitive))?;
     let out = match &b {
-        Some(b) => {
-            let nodes = [x.node.clone(), w.node.clone(), b.node.clone()];
-            match LinearBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
-                OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive), out),
-                OpsKind::UnTracked(prep) => prep.finish(out),
-            }
-        }
-        None => {
-            let nodes = [x.node.clone(), w.node.clone()];
-            match LinearBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
-                OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive), out),
-                OpsKind::UnTracked(prep) => prep.finish(out),
-            }
-        }
+        Some(b) => record([&x, &w, b], x.primitive.clone(), w.primitive.clone(), out),
+        None => record([&x, &w], x.primitive.clone(), w.primitive.clone(), out),
     };
     Some(Tensor::from_primitive(TensorPrimitive::Float(out)))
+}
+
+/// Records the step with its parents (the input, the weight and, when there is one, the bias)
+/// and the state its backward reads.
+fn record<const N: usize>(
+    parents: [&Tracked; N],
+    x: NdArrayTensor,
+    w: NdArrayTensor,
+    out: NdArrayTensor,
+) -> Tracked {
+    let nodes = parents.map(|p| p.node.clone());
+    match LinearBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((x, w), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
 }
 
 /// `[rows, in]` and `[in, out]` from the tensors' lengths; `None` when they disagree.
@@ -109,19 +114,16 @@ fn forward(
         with_values(w, |ws| {
             let (rows, inputs) = shapes(xs, ws, out)?;
             // The product starts from the bias rows (beta 1): no second pass over the output.
-            let mut y = Array2::<f32>::zeros((rows, out));
+            let mut y = vec![0f32; rows * out];
             if let Some(b) = b {
-                let ys = y.as_slice_mut()?;
                 with_values(b, |bs| {
-                    (bs.len() == out).then(|| {
-                        ys.chunks_exact_mut(out.max(1)).for_each(|r| r.copy_from_slice(bs))
-                    })
+                    (bs.len() == out)
+                        .then(|| y.chunks_exact_mut(out.max(1)).for_each(|r| r.copy_from_slice(bs)))
                 })??;
             }
-            let xv = ArrayView2::from_shape((rows, inputs), xs).ok()?;
-            let wv = ArrayView2::from_shape((inputs, out), ws).ok()?;
-            general_mat_mul(1.0, &xv, &wv, 1.0, &mut y);
-            Some(tensor(y.into_raw_vec_and_offset().0, &[rows, out]))
+            let (xv, wv) = (View::row_major(xs, rows, inputs)?, View::row_major(ws, inputs, out)?);
+            product(&mut y, xv, wv, b.is_some())?;
+            Some(tensor(y, &[rows, out]))
         })?
     })?
 }
@@ -172,18 +174,18 @@ fn gradients(xs: &[f32], ws: &[f32], dy: &[f32], out: usize) -> Option<Grads> {
     if dy.len() != rows * out {
         return None;
     }
-    let xv = ArrayView2::from_shape((rows, inputs), xs).ok()?;
-    let wv = ArrayView2::from_shape((inputs, out), ws).ok()?;
-    let gv = ArrayView2::from_shape((rows, out), dy).ok()?;
-    let mut dx = Array2::<f32>::zeros((rows, inputs));
-    general_mat_mul(1.0, &gv, &wv.t(), 0.0, &mut dx);
-    let mut dw = Array2::<f32>::zeros((inputs, out));
-    general_mat_mul(1.0, &xv.t(), &gv, 0.0, &mut dw);
+    let xv = View::row_major(xs, rows, inputs)?;
+    let wv = View::row_major(ws, inputs, out)?;
+    let gv = View::row_major(dy, rows, out)?;
+    let mut dx = vec![0f32; rows * inputs];
+    product(&mut dx, gv, wv.t(), false)?;
+    let mut dw = vec![0f32; inputs * out];
+    product(&mut dw, xv.t(), gv, false)?;
     // The bias gradient in f64, rows in order: the same bits at any thread count.
     let mut db = vec![0f64; out];
     for r in dy.chunks_exact(out.max(1)) {
         db.iter_mut().zip(r).for_each(|(s, &v)| *s += f64::from(v));
     }
     let db = db.into_iter().map(|v| v as f32).collect();
-    Some((dx.into_raw_vec_and_offset().0, dw.into_raw_vec_and_offset().0, db, rows, inputs))
+    Some((dx, dw, db, rows, inputs))
 }

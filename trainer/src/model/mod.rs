@@ -9,7 +9,11 @@ pub mod greedy;
 pub mod host_depthwise;
 pub mod host_linear;
 pub mod host_lstm;
+// `gemm` takes raw pointers and strides; the module checks the shapes and says why at its one
+// call.
 pub mod host_mel;
+#[allow(unsafe_code)]
+pub mod host_product;
 pub mod mask;
 pub mod mel;
 pub mod precision;
