@@ -113,14 +113,12 @@ fn forward(
     with_values(x, |xs| {
         with_values(w, |ws| {
             let (rows, inputs) = shapes(xs, ws, out)?;
-            // The product starts from the bias rows (beta 1): no second pass over the output.
-            let mut y = vec![0f32; rows * out];
-            if let Some(b) = b {
-                with_values(b, |bs| {
-                    (bs.len() == out)
-                        .then(|| y.chunks_exact_mut(out.max(1)).for_each(|r| r.copy_from_slice(bs)))
-                })??;
-            }
+            // The product starts from the bias rows (accumulated into): no second pass over
+            // the output, and no zeros written first.
+            let mut y = match b {
+                Some(b) => with_values(b, |bs| (bs.len() == out).then(|| bs.repeat(rows)))??,
+                None => vec![0f32; rows * out],
+            };
             let (xv, wv) = (View::row_major(xs, rows, inputs)?, View::row_major(ws, inputs, out)?);
             product(&mut y, xv, wv, b.is_some())?;
             Some(tensor(y, &[rows, out]))

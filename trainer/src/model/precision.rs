@@ -141,11 +141,7 @@ impl Precision {
         if D < 2 {
             return match self.compute() {
                 None => layer.forward(x),
-                Some(_) => {
-                    let weight = self.down(layer.weight.val());
-                    let bias = layer.bias.as_ref().map(|b| self.down(b.val()));
-                    burn::tensor::module::linear(self.down(x), weight, bias)
-                }
+                Some(_) => self.linear_down(layer, x),
             };
         }
         let dims = x.dims();
@@ -164,6 +160,15 @@ impl Precision {
             return super::host_linear::on_host(&x, &layer.weight.val(), bias.as_ref())
                 .unwrap_or_else(|| layer.forward(x));
         }
+        self.linear_down(layer, x)
+    }
+
+    /// Burn's `linear` on the input, weight and bias cast down to the compute type.
+    fn linear_down<B: Backend, const D: usize>(
+        self,
+        layer: &Linear<B>,
+        x: Tensor<B, D>,
+    ) -> Tensor<B, D> {
         let weight = self.down(layer.weight.val());
         let bias = layer.bias.as_ref().map(|b| self.down(b.val()));
         burn::tensor::module::linear(self.down(x), weight, bias)
