@@ -9,6 +9,12 @@
 //! operation with its own backward: the steps' gate gradients first (the recurrence needs
 //! them in order), then the weight's gradient as one product over all steps.
 //!
+//! The products are `host_product`'s (`gemm` over rayon's pool). NdArray's own (matrixmultiply)
+//! split each step's `[B, 640] x [640, 2560]` over a thread pool of its own whose threads wait by
+//! spinning on `sched_yield`: a profile of the 0.6B-shape step put 14.5 % of its samples in this
+//! recurrence, about 40 % of them in that wait and 30 % in its operand packing
+//! (bench/RESULTS.md, "The LSTM's products").
+//!
 //! Which backend: as `host_depthwise` (whose helpers this shares), NdArray bare or under
 //! autodiff, f32 tensors; `None` elsewhere, and the caller runs the graph form.
 //!
@@ -19,6 +25,8 @@
 //! - `xin` already holds both biases: the operation's parameters are `xin` and the hidden
 //!   weight only, and their gradients are the graph form's (tested against it).
 
+use super::host_depthwise::{cast, float, tensor, with_values};
+use super::host_product::{product, product_rows, View};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -27,10 +35,6 @@ use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::{Autodiff, NdArray};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
-use ndarray::linalg::general_mat_mul;
-use ndarray::{s, ArrayView2, ArrayViewMut2};
-
-use super::host_depthwise::{cast, float, tensor, with_values};
 
 /// What the forward keeps for the backward: the gate activations `[B, S, 4H]` and the cells
 /// `[B, S, H]`, row-major; the outputs `[B, S, H]` and the hidden weight `[H, 4H]` as the
@@ -107,17 +111,15 @@ fn recur(acts: &mut [f32], weight: &[f32], [b, s, h4]: [usize; 3]) -> Option<(Ve
     if h4 % 4 != 0 || acts.len() != b * s * h4 || weight.len() != h * h4 {
         return None;
     }
-    let w = ArrayView2::from_shape((h, h4), weight).ok()?;
+    let w = View::row_major(weight, h, h4)?;
     let mut cells = vec![0f32; b * s * h];
     let mut hidden = vec![0f32; b * s * h];
     for t in 0..s {
-        {
-            let mut gates = ArrayViewMut2::from_shape((b, s * h4), &mut *acts).ok()?;
-            let mut g = gates.slice_mut(s![.., t * h4..(t + 1) * h4]);
-            if t > 0 {
-                let hv = ArrayView2::from_shape((b, s * h), &hidden).ok()?;
-                general_mat_mul(1.0, &hv.slice(s![.., (t - 1) * h..t * h]), &w, 1.0, &mut g);
-            }
+        if t > 0 {
+            // Step t's gates `[B, 4H]` (rows `S * 4H` apart) += h_{t-1} `[B, H]` (rows `S * H`
+            // apart) times the weight.
+            let prev = View::strided(&hidden[(t - 1) * h..], b, h, s * h, 1)?;
+            product_rows(&mut acts[t * h4..], s * h4, prev, w, true)?;
         }
         for bi in 0..b {
             let g = &mut acts[(bi * s + t) * h4..][..h4];
@@ -190,7 +192,7 @@ fn gradients(
     if dy.len() != b * s * h || hidden.len() != b * s * h || cells.len() != b * s * h {
         return None;
     }
-    let w = ArrayView2::from_shape((h, h4), weight).ok()?;
+    let w = View::row_major(weight, h, h4)?;
     // The recurrent gradients into step t from step t + 1: of the hidden state and the cell.
     let mut dh_next = vec![0f32; b * h];
     let mut dc_next = vec![0f32; b * h];
@@ -212,25 +214,19 @@ fn gradients(
             }
         }
         // dh into step t - 1: this step's gate gradients times the weight's transpose.
-        let dg = ArrayView2::from_shape((b, s * h4), &acts).ok()?;
-        let mut dh = ArrayViewMut2::from_shape((b, h), &mut dh_next).ok()?;
-        general_mat_mul(1.0, &dg.slice(s![.., t * h4..(t + 1) * h4]), &w.t(), 0.0, &mut dh);
+        let dg = View::strided(&acts[t * h4..], b, h4, s * h4, 1)?;
+        product(&mut dh_next, dg, w.t(), false)?;
     }
     // The weight's gradient: sum over steps t >= 1 of h_{t-1}^T dG_t, one product per
     // utterance over all its steps.
-    let mut dw = ndarray::Array2::<f32>::zeros((h, h4));
+    let mut dw = vec![0f32; h * h4];
     if s > 1 {
         for bi in 0..b {
-            let hv = ArrayView2::from_shape((s, h), &hidden[bi * s * h..(bi + 1) * s * h]).ok()?;
-            let dg = ArrayView2::from_shape((s, h4), &acts[bi * s * h4..(bi + 1) * s * h4]).ok()?;
-            general_mat_mul(
-                1.0,
-                &hv.slice(s![..s - 1, ..]).t(),
-                &dg.slice(s![1.., ..]),
-                1.0,
-                &mut dw,
-            );
+            // h_0 .. h_{S-2} of utterance bi, transposed, times dG_1 .. dG_{S-1}.
+            let hv = View::row_major(&hidden[bi * s * h..][..(s - 1) * h], s - 1, h)?;
+            let dg = View::row_major(&acts[(bi * s + 1) * h4..][..(s - 1) * h4], s - 1, h4)?;
+            product(&mut dw, hv.t(), dg, true)?;
         }
     }
-    Some((acts, dw.into_raw_vec_and_offset().0))
+    Some((acts, dw))
 }

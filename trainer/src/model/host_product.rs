@@ -34,6 +34,27 @@ impl<'a> View<'a> {
         })
     }
 
+    /// `[rows, cols]` read from `values` at `r * row_stride + c * col_stride`: a block of a
+    /// larger matrix (the LSTM's one step of a `[B, S, 4H]` buffer, for example); `None` when
+    /// an element would lie outside `values`.
+    pub fn strided(
+        values: &'a [f32],
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Option<Self> {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1)
+                .checked_mul(row_stride)?
+                .checked_add((cols - 1).checked_mul(col_stride)?)?;
+            if last >= values.len() {
+                return None;
+            }
+        }
+        Some(View { values, rows, cols, row_stride, col_stride })
+    }
+
     /// The transpose, read from the same values.
     pub fn t(self) -> Self {
         View {
@@ -49,8 +70,27 @@ impl<'a> View<'a> {
 /// `dst = a b` (or `dst += a b` with `accumulate`) for a row-major `dst` of `[a.rows, b.cols]`;
 /// `None` when the shapes disagree.
 pub fn product(dst: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) -> Option<()> {
+    if dst.len() != a.rows.checked_mul(b.cols)? {
+        return None;
+    }
+    product_rows(dst, b.cols, a, b, accumulate)
+}
+
+/// As [`product`], with `dst`'s row `r` starting at `r * dst_row_stride` (a block of a larger
+/// row-major matrix; values between the rows are left alone); `None` when the shapes disagree,
+/// rows would overlap (`dst_row_stride < b.cols`) or the last row ends past `dst`.
+pub fn product_rows(
+    dst: &mut [f32],
+    dst_row_stride: usize,
+    a: View<'_>,
+    b: View<'_>,
+    accumulate: bool,
+) -> Option<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    if b.rows != k || dst.len() != m.checked_mul(n)? {
+    if b.rows != k || dst_row_stride < n {
+        return None;
+    }
+    if m > 0 && (m - 1).checked_mul(dst_row_stride)?.checked_add(n)? > dst.len() {
         return None;
     }
     if m == 0 || n == 0 {
@@ -58,13 +98,13 @@ pub fn product(dst: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) -> O
     }
     if k == 0 {
         if !accumulate {
-            dst.fill(0.0);
+            dst.chunks_mut(dst_row_stride).take(m).for_each(|row| row[..n].fill(0.0));
         }
         return Some(());
     }
-    // `row_major` built both views from matching lengths and `t` swaps shape and strides
-    // together, so the last element, `(rows - 1) * row_stride + (cols - 1) * col_stride`, is
-    // inside each view's values; these conversions cannot fail for slices that exist.
+    // `row_major` and `strided` built both views with their last element,
+    // `(rows - 1) * row_stride + (cols - 1) * col_stride`, inside their values, and `t` swaps
+    // shape and strides together; these conversions cannot fail for slices that exist.
     let stride = |s: usize| isize::try_from(s).ok();
     let (a_rs, a_cs, b_rs, b_cs) = (
         stride(a.row_stride)?,
@@ -72,10 +112,12 @@ pub fn product(dst: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) -> O
         stride(b.row_stride)?,
         stride(b.col_stride)?,
     );
-    let dst_rs = stride(n)?;
-    // SAFETY: `dst` holds `m * n` values, row-major (row stride `n`, column stride 1); `a` and
-    // `b` are views whose every element `(r, c)` lies inside their own slices (see above), of
-    // shapes `[m, k]` and `[k, n]`. `dst` is a `&mut` borrow, so it aliases neither operand.
+    let dst_rs = stride(dst_row_stride)?;
+    // SAFETY: `dst`'s element `(r, c)` is at `r * dst_row_stride + c`, inside `dst` (checked
+    // above: the last row ends within it), and rows do not overlap (`dst_row_stride >= n`);
+    // `a` and `b` are views whose every element `(r, c)` lies inside their own slices (see
+    // above), of shapes `[m, k]` and `[k, n]`. `dst` is a `&mut` borrow, so it aliases neither
+    // operand.
     // With `accumulate` false, `gemm` does not read `dst` (`read_dst` false).
     unsafe {
         gemm(
@@ -181,6 +223,42 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Blocks of larger matrices (the LSTM's one step of `[B, S, 4H]`): strided operands, and a
+    /// destination whose rows are apart, with the values between them left alone.
+    #[test]
+    fn blocks_of_larger_matrices_match_float64_and_leave_the_rest_alone() {
+        let (m, k, n, stride) = (3, 40, 24, 100);
+        let (xa, xb) = (values(m * 70, 5), values(k * n, 9));
+        // a: rows 70 apart, starting at column 10 of each.
+        let a = View::strided(&xa[10..], m, k, 70, 1).unwrap();
+        let b = View::row_major(&xb, k, n).unwrap();
+        let want = oracle(a, b);
+        let base = values(m * stride, 11);
+        let mut dst = base.clone();
+        product_rows(&mut dst[30..], stride, a, b, true).unwrap();
+        let mut worst = 0f64;
+        for r in 0..m {
+            for c in 0..stride {
+                let (got, was) = (dst[r * stride + c], base[r * stride + c]);
+                if (30..30 + n).contains(&c) {
+                    let w = f64::from(was) + want[r * n + c - 30];
+                    worst = worst.max((f64::from(got) - w).abs() / w.abs().max(1.0));
+                } else {
+                    assert_eq!(got.to_bits(), was.to_bits(), "({r}, {c}) outside the block");
+                }
+            }
+        }
+        eprintln!("block product: {worst:e} relative to float64 at most");
+        // Sums of 40 products of values in [-1, 1] and a start value, in f32, relative to
+        // max(|sum|, 1).
+        assert!(worst < 2e-6, "{worst:e}");
+        // Rows that would overlap or run past the end are refused.
+        assert!(product_rows(&mut dst[30..], n - 1, a, b, false).is_none());
+        assert!(product_rows(&mut dst[80..], stride, a, b, false).is_none());
+        assert!(View::strided(&xa[10..], m, k, 70, 1).is_some());
+        assert!(View::strided(&xa[11..], m, 70, 70, 1).is_none());
     }
 
     #[test]
