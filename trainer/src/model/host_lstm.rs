@@ -25,8 +25,6 @@
 //! - `xin` already holds both biases: the operation's parameters are `xin` and the hidden
 //!   weight only, and their gradients are the graph form's (tested against it).
 
-use super::host_depthwise::{cast, float, tensor, with_values};
-use super::host_product::{product, product_rows, View};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -35,6 +33,9 @@ use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::{Autodiff, NdArray};
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
+
+use super::host_depthwise::{cast, float, tensor, with_values};
+use super::host_product::{product, product_rows, View};
 
 /// What the forward keeps for the backward: the gate activations `[B, S, 4H]` and the cells
 /// `[B, S, H]`, row-major; the outputs `[B, S, H]` and the hidden weight `[H, 4H]` as the

@@ -25,13 +25,10 @@ pub struct View<'a> {
 impl<'a> View<'a> {
     /// `values` as a row-major `[rows, cols]` matrix; `None` when the length differs.
     pub fn row_major(values: &'a [f32], rows: usize, cols: usize) -> Option<Self> {
-        (rows.checked_mul(cols)? == values.len()).then_some(View {
-            values,
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-        })
+        if rows.checked_mul(cols)? != values.len() {
+            return None;
+        }
+        Self::strided(values, rows, cols, cols, 1)
     }
 
     /// `[rows, cols]` read from `values` at `r * row_stride + c * col_stride`: a block of a
