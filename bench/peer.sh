@@ -10,6 +10,7 @@
 #          cores), 20 s of audio per step, 4 timed steps.
 # forward: wide's forward pass and loss only (the graph built as in training, no backward).
 # Needs torch and transformers with ParakeetForTDT: $PEER_PYTHON, else ~/.cache/asr-torch-venv.
+# $PEER_ASRT_BENCH: an asrt-bench binary to time instead of building the release one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"; cases="${2:-tiny,wide,forward}"
@@ -23,9 +24,14 @@ if ! "$py" -c "import torch, transformers; from transformers import ParakeetForT
   exit 3
 fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
-# The test profile's asrt-bench: the trainer and every dependency optimised (Cargo.toml).
-cargo build --quiet --locked -p asr-trainer --bin asrt-bench
-bench="$CARGO_TARGET_DIR/debug/asrt-bench"
+# The release asrt-bench, as PyTorch is its release build. Until 2026-11-27 this was the test
+# profile's, optimised but with debug assertions in every dependency (5.5 % of a wide step's
+# samples in precondition and overflow checks): the ratios before then are pessimistic for asrt.
+# $PEER_ASRT_BENCH names a binary already built (an A/B of two commits) instead.
+bench="${PEER_ASRT_BENCH:-$CARGO_TARGET_DIR/release/asrt-bench}"
+if [ -z "${PEER_ASRT_BENCH:-}" ]; then
+  cargo build --quiet --locked --release -p asr-trainer --bin asrt-bench
+fi
 # The peer's utterances, drawn alike: uniform 5-20 s, at most 80 tokens of 1024 pieces.
 cargo run --quiet --locked -p asr-examples --bin make-synthetic-corpus -- "$work/syn.asrcorpus" \
   --utterances 200 --vocab 1024 --min-seconds 5 --max-seconds 20 --max-tokens 80 >/dev/null

@@ -3,7 +3,7 @@
 
     python3 bench/peer_step.py [--device cuda] [--precisions f32,tf32,bf16] [--steps 6]
                                [--batch-seconds 120] [--preset P] [--layers N] [--forward-only]
-                               [--threads N] [--json-out FILE]
+                               [--threads N] [--json-out FILE] [--profile FILE]
 
 Builds ParakeetForTDT (transformers 5.x) randomly initialised from a config matching asrt's
 `parakeet-tdt-0.6b` preset (24 x 1024 FastConformer, 8x subsampling, 2 x 640 LSTM prediction
@@ -130,6 +130,9 @@ def main():
                     help="time the forward pass and loss only (graph built as in training; no backward, no update)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="write torch.profiler's per-operation table (self CPU time, the steps "
+                         "after the first) of the last run to FILE")
     args = ap.parse_args()
 
     try:
@@ -212,7 +215,12 @@ def main():
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         times, feature_times, losses = [], [], []
-        for waves, labels, total in plan:
+        profiler = None
+        for step, (waves, labels, total) in enumerate(plan):
+            if args.profile and step == 1:
+                # The first step warms allocators and caches; asrt's profile skips it too.
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler.__enter__()
             sync()
             t0 = time.perf_counter()
             inputs = features(waves)
@@ -241,6 +249,10 @@ def main():
             t2 = time.perf_counter()
             times.append(t2 - t0)
             feature_times.append(t1 - t0)
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            with open(args.profile, "w") as f:
+                f.write(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=60))
         steady = times[1:] or times
         audio = [total for _, _, total in plan]
         run = {

@@ -465,6 +465,8 @@ mod tests {
         assert!(matches!(e, ConfigError::ZeroCount { key: "max_steps" }), "{e}");
         let e = TrainConfig::from_toml("[model.encoder]\nconv_kernel_size = 8\n").unwrap_err();
         assert!(matches!(e, ConfigError::Model(ModelConfigError::EvenConvKernel(8))), "{e}");
+        let e = TrainConfig::from_toml("[model.encoder]\ndropout = 1.0\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Model(ModelConfigError::Dropout(p)) if p == 1.0), "{e}");
         let e = TrainConfig::from_toml("[[data]]\npath = \"a.asrcorpus\"\nweight = -2.0\n")
             .unwrap_err();
         assert!(

@@ -219,6 +219,10 @@ impl ModelConfig {
         if e.conv_kernel_size.is_multiple_of(2) {
             return Err(ModelConfigError::EvenConvKernel(e.conv_kernel_size));
         }
+        // Dropout scales what it keeps by 1 / (1 - p): p = 1 would divide by zero.
+        if !(0.0..1.0).contains(&e.dropout) {
+            return Err(ModelConfigError::Dropout(e.dropout));
+        }
         let p = &self.preprocessor;
         if p.window_size > p.n_fft || p.window_stride == 0 || p.features == 0 {
             return Err(ModelConfigError::Preprocessor {
@@ -236,7 +240,7 @@ impl ModelConfig {
 }
 
 /// Why a model configuration cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ModelConfigError {
     /// The attention heads do not divide the model width.
     #[error("encoder.d_model {d_model} must be a positive multiple of n_heads {n_heads}")]
@@ -271,4 +275,7 @@ pub enum ModelConfigError {
     /// The prediction network has no LSTM layer.
     #[error("decoder.pred_rnn_layers must be at least 1")]
     NoPredictionLayers,
+    /// The encoder's dropout probability lies outside `[0, 1)`.
+    #[error("encoder.dropout {0} must lie in [0, 1)")]
+    Dropout(f64),
 }

@@ -2,15 +2,13 @@
 //! relative-position multi-head attention (Transformer-XL style, as NeMo's
 //! `RelPositionMultiHeadAttention`), a convolution module and macaron feed-forward halves.
 
-use burn::nn::{
-    BatchNorm, BatchNormConfig, Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear,
-    LinearConfig,
-};
+use burn::nn::{BatchNorm, BatchNormConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{glu, relu, silu, softmax};
 
 use super::config::EncoderConfig;
 use super::conv::{Conv3x3S2, DepthwiseConv1d};
+use super::dropout::Dropout;
 use super::precision::Precision;
 
 /// NeMo masks attention scores with -10000 rather than -inf.
@@ -85,6 +83,11 @@ impl<B: Backend> Subsampling<B> {
     }
 }
 
+/// Swish (SiLU): one host operation on the CPU backend (`host_silu`), Burn's `silu` elsewhere.
+fn swish<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    super::host_silu::on_host(&x).unwrap_or_else(|| silu(x))
+}
+
 /// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.
 fn time_mask<B: Backend>(lens: &[usize], t: usize, device: &B::Device) -> Tensor<B, 4> {
     super::mask::keep::<B>(lens, t, device).reshape([lens.len(), t, 1, 1])
@@ -132,7 +135,7 @@ impl<B: Backend> RelPositionAttention<B> {
             out: LinearConfig::new(d, d).init(device),
             pos_bias_u: burn::module::Param::from_tensor(Tensor::zeros([cfg.n_heads, dk], device)),
             pos_bias_v: burn::module::Param::from_tensor(Tensor::zeros([cfg.n_heads, dk], device)),
-            dropout: DropoutConfig::new(cfg.dropout).init(),
+            dropout: Dropout::new(cfg.dropout),
             heads: cfg.n_heads,
         }
     }
@@ -194,12 +197,12 @@ impl<B: Backend> FeedForward<B> {
         FeedForward {
             up: LinearConfig::new(cfg.d_model, cfg.ff_dim).init(device),
             down: LinearConfig::new(cfg.ff_dim, cfg.d_model).init(device),
-            dropout: DropoutConfig::new(cfg.dropout).init(),
+            dropout: Dropout::new(cfg.dropout),
         }
     }
 
     fn forward(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        p.linear(&self.down, self.dropout.forward(silu(p.linear(&self.up, x))))
+        p.linear(&self.down, self.dropout.forward(swish(p.linear(&self.up, x))))
     }
 }
 
@@ -228,7 +231,7 @@ impl<B: Backend> ConvModule<B> {
         let x = glu(p.linear(&self.pointwise1, x), 2) * keep;
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
-        let x = silu(self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2));
+        let x = swish(self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2));
         p.linear(&self.pointwise2, x)
     }
 }
@@ -261,7 +264,7 @@ impl<B: Backend> ConformerLayer<B> {
             norm_ff2: norm(),
             ff2: FeedForward::new(cfg, device),
             norm_out: norm(),
-            dropout: DropoutConfig::new(cfg.dropout).init(),
+            dropout: Dropout::new(cfg.dropout),
         }
     }
 
@@ -304,7 +307,7 @@ impl<B: Backend> Encoder<B> {
         Encoder {
             subsampling: Subsampling::new(cfg, features, device),
             layers: (0..cfg.n_layers).map(|_| ConformerLayer::new(cfg, device)).collect(),
-            dropout: DropoutConfig::new(cfg.dropout).init(),
+            dropout: Dropout::new(cfg.dropout),
             d_model: cfg.d_model,
             xscaling: cfg.xscaling,
             precision: Precision::F32,

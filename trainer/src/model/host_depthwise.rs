@@ -89,17 +89,17 @@ pub fn on_host<B: Backend>(
 }
 
 /// `a` as `T`: `Some` exactly when `A` is `T` (the caller compared the backend types).
-pub(super) fn cast<A: 'static, T: 'static>(a: A) -> Option<T> {
+pub(crate) fn cast<A: 'static, T: 'static>(a: A) -> Option<T> {
     (Box::new(a) as Box<dyn Any>).downcast::<T>().ok().map(|t| *t)
 }
 
-pub(super) fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
+pub(crate) fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
     t.into_primitive().tensor()
 }
 
 /// Runs `f` over `t`'s values as f32 in row-major order (without a copy when they are f32 in
 /// that order already); `None` for a tensor that is not a float one.
-pub(super) fn with_values<R>(t: &NdArrayTensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+pub(crate) fn with_values<R>(t: &NdArrayTensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
     match t {
         NdArrayTensor::F32(storage) => {
             let view = storage.view();
@@ -115,7 +115,7 @@ pub(super) fn with_values<R>(t: &NdArrayTensor, f: impl FnOnce(&[f32]) -> R) -> 
     }
 }
 
-pub(super) fn tensor(values: Vec<f32>, shape: &[usize]) -> NdArrayTensor {
+pub(crate) fn tensor(values: Vec<f32>, shape: &[usize]) -> NdArrayTensor {
     NdArrayTensor::from_data(TensorData::new(values, shape.to_vec()))
 }
 

@@ -4,6 +4,7 @@ pub mod augment;
 pub mod config;
 pub mod conv;
 pub mod decoder;
+pub mod dropout;
 pub mod encoder;
 pub mod greedy;
 pub mod host_depthwise;
@@ -14,6 +15,7 @@ pub mod host_lstm;
 pub mod host_mel;
 #[allow(unsafe_code)]
 pub mod host_product;
+pub mod host_silu;
 pub mod mask;
 pub mod mel;
 pub mod precision;

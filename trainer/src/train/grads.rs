@@ -1,10 +1,16 @@
 //! Gradient helpers over a module's parameters: global norm, scaling, dropping a sub-module's
-//! gradients (to freeze it), and finiteness.
+//! gradients (to freeze it), and finiteness. On NdArray the norm and the scaling are host passes
+//! over rayon's pool (`squared_sum_on_host`, `scaled_on_host`).
 
+use burn::backend::ndarray::NdArrayTensor;
+use burn::backend::NdArray;
 use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+use rayon::prelude::*;
+
+use crate::model::host_depthwise::{cast, float, with_values};
 
 /// Sums the squares of every gradient of the visited parameters, on the host in f64.
 struct SquaredNorm<'a> {
@@ -15,10 +21,58 @@ struct SquaredNorm<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            let s: f32 = g.powf_scalar(2.0).sum().into_scalar().elem();
-            self.sum += f64::from(s);
+            self.sum += squared_sum_on_host(&g).unwrap_or_else(|| {
+                let s: f32 = g.powf_scalar(2.0).sum().into_scalar().elem();
+                f64::from(s)
+            });
         }
     }
+}
+
+/// Elements per parallel task of the host passes below.
+const CHUNK: usize = 1 << 16;
+
+/// The sum of `t`'s squares in f64, read in place and split over rayon's pool, where the
+/// backend is NdArray and the tensor f32; `None` elsewhere. On NdArray the square and the sum
+/// were two single-threaded passes of the calling thread over every gradient (3 % of its
+/// samples in a 0.6B-width release step). The chunks' sums are added in order: the same bits at
+/// any thread count.
+pub(crate) fn squared_sum_on_host<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<f64> {
+    let t = cast::<_, Tensor<NdArray, D>>(t.clone())?;
+    let t = float(t);
+    if !matches!(t, NdArrayTensor::F32(_)) {
+        return None;
+    }
+    with_values(&t, |v| {
+        let parts: Vec<f64> = v
+            .par_chunks(CHUNK)
+            .map(|c| c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>())
+            .collect();
+        parts.iter().sum()
+    })
+}
+
+/// `t` times `factor` as Burn's `mul_scalar` computes it (the factor rounded to f32, one f32
+/// product per element), read in place and split over rayon's pool, where the backend is
+/// NdArray and the tensor f32; `None` elsewhere.
+pub(crate) fn scaled_on_host<B: Backend, const D: usize>(
+    t: &Tensor<B, D>,
+    factor: f64,
+) -> Option<Vec<f32>> {
+    let t = float(cast::<_, Tensor<NdArray, D>>(t.clone())?);
+    if !matches!(t, NdArrayTensor::F32(_)) {
+        return None;
+    }
+    let f = factor as f32;
+    with_values(&t, |v| {
+        let mut out = vec![0f32; v.len()];
+        out.par_chunks_mut(CHUNK).zip(v.par_chunks(CHUNK)).for_each(|(o, v)| {
+            for (o, &v) in o.iter_mut().zip(v) {
+                *o = v * f;
+            }
+        });
+        out
+    })
 }
 
 /// Global L2 norm of the gradients of `module`'s parameters (NaN or inf if any is).
@@ -37,7 +91,11 @@ struct Scale<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            self.grads.register::<B::InnerBackend, D>(param.id, g.mul_scalar(self.factor));
+            let scaled = match scaled_on_host(&g, self.factor) {
+                Some(values) => Tensor::from_data(TensorData::new(values, g.shape()), &g.device()),
+                None => g.mul_scalar(self.factor),
+            };
+            self.grads.register::<B::InnerBackend, D>(param.id, scaled);
         }
     }
 }
