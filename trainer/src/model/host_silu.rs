@@ -63,14 +63,9 @@ fn forward(x: &NdArrayTensor) -> Option<NdArrayTensor> {
         return None;
     }
     let shape = x.shape().to_vec();
+    // Collected in place over the pool (no zeroing pass on the calling thread).
     let out = with_values(x, |xs| {
-        let mut out = vec![0f32; xs.len()];
-        out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(o, x)| {
-            for (o, &x) in o.iter_mut().zip(x) {
-                *o = x * sigmoid(x);
-            }
-        });
-        out
+        xs.par_iter().with_min_len(CHUNK).map(|&x| x * sigmoid(x)).collect::<Vec<f32>>()
     })?;
     Some(tensor(out, &shape))
 }
@@ -95,16 +90,14 @@ impl Backward<NdArray, 1> for SiluBackward {
         let dx = with_values(&x, |xs| {
             with_values(&upstream, |dy| {
                 (xs.len() == dy.len()).then(|| {
-                    let mut dx = vec![0f32; xs.len()];
-                    dx.par_chunks_mut(CHUNK)
-                        .zip(xs.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-                        .for_each(|(d, (x, g))| {
-                            for ((d, &x), &g) in d.iter_mut().zip(x).zip(g) {
-                                let s = sigmoid(x);
-                                *d = g * (s + x * s * (1.0 - s));
-                            }
-                        });
-                    dx
+                    xs.par_iter()
+                        .zip(dy.par_iter())
+                        .with_min_len(CHUNK)
+                        .map(|(&x, &g)| {
+                            let s = sigmoid(x);
+                            g * (s + x * s * (1.0 - s))
+                        })
+                        .collect::<Vec<f32>>()
                 })
             })
             .flatten()
