@@ -2,8 +2,8 @@
 //!
 //! Burn's `Dropout` draws a Bernoulli tensor from the backend's generator and multiplies twice
 //! (by the draws, then by `1 / keep`). On NdArray the draw is one ChaCha sample and one
-//! `Bernoulli::new` per element, in sequence on the calling thread: 4.5 % of the samples of the
-//! 0.6B-width CPU step, about a tenth of its wall time (bench/RESULTS.md, "Dropout's draws").
+//! `Bernoulli::new` per element, in sequence on the calling thread: 8.5 % of that thread's
+//! samples in a 0.6B-width release step (bench/RESULTS.md, "Release builds against PyTorch").
 //!
 //! Here, on the CPU training backend (`Autodiff<NdArray>`), one seed is drawn from the backend's
 //! generator per call (so the mask stays a function of the micro-batch's seed, as before) and

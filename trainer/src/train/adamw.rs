@@ -104,16 +104,14 @@ fn host_step<B: Backend, const D: usize>(
     let device = tensor.device();
     let shape = tensor.shape();
     let n = shape.num_elements();
-    // The decay as Burn's own operation (the same f32 product; Burn skips it at a zero rate,
-    // where the product by one changes nothing). It also matters for speed: the parameter is
-    // shared with the model the trainer still holds, and reading a shared NdArray tensor to
-    // the host goes element by element (a quarter of a 0.6B-width CPU step), while the
-    // product's result is the optimizer's own and is read without a copy.
+    // The decay first, as Burn's f32 product (Burn skips it at a zero rate, where the product by
+    // one changes nothing). The parameter is shared with the model the trainer still holds:
+    // reading it with `into_data` goes element by element (a quarter of a 0.6B-width CPU step),
+    // so on NdArray the product reads it in place over rayon's pool (`mul_scalar` had run on the
+    // calling thread: 4 % of its samples in a release step), and elsewhere the product's result
+    // is the optimizer's own and is read without a copy.
     let decay_rate = lr * f64::from(s.weight_decay);
     let decay = if decay_rate == 0.0 { 1.0 } else { 1.0 - decay_rate };
-    // On NdArray the same product as a host pass over rayon's pool, reading the shared parameter
-    // in place (NdArray's `mul_scalar` ran on the calling thread: 4 % of its samples in a
-    // 0.6B-width release step).
     let mut p = match super::grads::scaled_on_host(&tensor, decay) {
         Some(p) => p,
         None => values(tensor.mul_scalar(decay)),

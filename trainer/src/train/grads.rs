@@ -32,18 +32,20 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
 /// Elements per parallel task of the host passes below.
 const CHUNK: usize = 1 << 16;
 
+/// `t`'s NdArray primitive (an `Arc` clone, no copy) when the backend is NdArray and the tensor
+/// f32; `None` elsewhere.
+fn ndarray_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<NdArrayTensor> {
+    let t = float(cast::<_, Tensor<NdArray, D>>(t.clone())?);
+    matches!(t, NdArrayTensor::F32(_)).then_some(t)
+}
+
 /// The sum of `t`'s squares in f64, read in place and split over rayon's pool, where the
 /// backend is NdArray and the tensor f32; `None` elsewhere. On NdArray the square and the sum
 /// were two single-threaded passes of the calling thread over every gradient (3 % of its
 /// samples in a 0.6B-width release step). The chunks' sums are added in order: the same bits at
 /// any thread count.
 pub(crate) fn squared_sum_on_host<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<f64> {
-    let t = cast::<_, Tensor<NdArray, D>>(t.clone())?;
-    let t = float(t);
-    if !matches!(t, NdArrayTensor::F32(_)) {
-        return None;
-    }
-    with_values(&t, |v| {
+    with_values(&ndarray_f32(t)?, |v| {
         let parts: Vec<f64> = v
             .par_chunks(CHUNK)
             .map(|c| c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>())
@@ -59,14 +61,10 @@ pub(crate) fn scaled_on_host<B: Backend, const D: usize>(
     t: &Tensor<B, D>,
     factor: f64,
 ) -> Option<Vec<f32>> {
-    let t = float(cast::<_, Tensor<NdArray, D>>(t.clone())?);
-    if !matches!(t, NdArrayTensor::F32(_)) {
-        return None;
-    }
     let f = factor as f32;
     // Collected in place over the pool: zeroing the output first on the calling thread cost as
     // much as the product.
-    with_values(&t, |v| v.par_iter().with_min_len(CHUNK).map(|&v| v * f).collect())
+    with_values(&ndarray_f32(t)?, |v| v.par_iter().with_min_len(CHUNK).map(|&v| v * f).collect())
 }
 
 /// Global L2 norm of the gradients of `module`'s parameters (NaN or inf if any is).
