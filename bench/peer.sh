@@ -2,13 +2,18 @@
 # asrt's training step against PyTorch's (transformers' ParakeetForTDT, bench/peer_step.py) on the
 # CPU: the same model shape, utterance lengths, tokens, batch audio and optimizer, both on the same
 # thread count, alternating in one invocation; prints one line per run and a median table.
-#   bash bench/peer.sh [ROUNDS] [CASES]        CASES: any of tiny,wide,forward (default all three)
+#   bash bench/peer.sh [ROUNDS] [CASES]   CASES: any of tiny,wide,forward,encoder,encoder-forward
+#                                         (default tiny,wide,forward)
 # tiny:    the `tiny` preset, 60 s of audio per step, 6 timed steps.
 # wide:    the Parakeet-TDT-0.6B shape at full width (d_model 1024, 8 heads, ff 4096, 640-wide
 #          prediction network and joint, 128 mels, 1024 pieces + blank, dropout 0.1) with
 #          $PEER_LAYERS encoder layers (default 2 of its 24: all 24 take minutes per step on 2
 #          cores), 20 s of audio per step, 4 timed steps.
 # forward: wide's forward pass and loss only (the graph built as in training, no backward).
+# encoder: wide's features and encoder alone, forward and backward of a surrogate loss (the mean
+#          square of the encoder's output), no update: the models compared free of the joint and
+#          the loss, whose implementations differ most (--part encoder on both sides).
+# encoder-forward: the same, forward only.
 # Needs torch and transformers with ParakeetForTDT: $PEER_PYTHON, else ~/.cache/asr-torch-venv.
 # $PEER_ASRT_BENCH: an asrt-bench binary to time instead of building the release one.
 set -euo pipefail
@@ -45,7 +50,11 @@ for round in $(seq "$rounds"); do
             p=(--preset parakeet-tdt-0.6b --layers "$layers" --batch-seconds 20 --steps 5) ;;
       forward) a=(--preset parakeet-tdt-0.6b --layers "$layers" --dropout 0.1 --max-batch-seconds 20 --steps 4 --forward-only)
                p=(--preset parakeet-tdt-0.6b --layers "$layers" --batch-seconds 20 --steps 5 --forward-only) ;;
-      *) echo "peer.sh: unknown case $c (tiny, wide, forward)" >&2; exit 2 ;;
+      encoder|encoder-forward)
+               a=(--preset parakeet-tdt-0.6b --layers "$layers" --dropout 0.1 --max-batch-seconds 20 --steps 4 --part encoder)
+               p=(--preset parakeet-tdt-0.6b --layers "$layers" --batch-seconds 20 --steps 5 --part encoder)
+               if [ "$c" = encoder-forward ]; then a+=(--forward-only); p+=(--forward-only); fi ;;
+      *) echo "peer.sh: unknown case $c (tiny, wide, forward, encoder, encoder-forward)" >&2; exit 2 ;;
     esac
     "$bench" train-step "$work/syn.asrcorpus" "${a[@]}" > "$work/a.json"
     "$py" bench/peer_step.py --device cpu --threads "$threads" --precisions f32 "${p[@]}" \

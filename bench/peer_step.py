@@ -3,6 +3,7 @@
 
     python3 bench/peer_step.py [--device cuda] [--precisions f32,tf32,bf16] [--steps 6]
                                [--batch-seconds 120] [--preset P] [--layers N] [--forward-only]
+                               [--part model|encoder]
                                [--threads N] [--json-out FILE] [--profile FILE]
 
 Builds ParakeetForTDT (transformers 5.x) randomly initialised from a config matching asrt's
@@ -24,6 +25,11 @@ kit measured it at 2.26 s for one [4, 300, 81, 1030] case on an H100). A run nam
 "+softmax-loss" replaces it by the mean of a log-softmax over the same logits, a loss as cheap as
 a fused TDT kernel (asrt's and NeMo's are of that order): that run measures the model and the
 optimizer, what a PyTorch trainer with a fast loss would spend.
+
+--part encoder times the features and the encoder alone (`model.encoder`) with a surrogate loss,
+the mean square of its output, forward and backward, with no clipping or update: the FastConformer
+that is nearly all of a 24-layer step, compared with asrt's (`asrt-bench train-step --part encoder`)
+free of either side's joint and loss.
 
 Precisions: f32 (float32 matmuls at full precision, PyTorch's default), tf32 (float32 with TF32
 tensor-core matmuls, as asrt's f32 on CUDA may use), bf16 (torch.autocast bfloat16, NeMo's
@@ -128,6 +134,10 @@ def main():
                     help="encoder layers instead of the preset's (the 0.6B shape at full width with fewer layers)")
     ap.add_argument("--forward-only", action="store_true",
                     help="time the forward pass and loss only (graph built as in training; no backward, no update)")
+    ap.add_argument("--part", choices=["model", "encoder"], default="model",
+                    help="model: the whole step; encoder: the log-mel features and the encoder with a "
+                         "surrogate loss (the mean square of its output), forward and backward, no "
+                         "clipping or update (asrt-bench train-step --part encoder)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--profile", default=None, metavar="FILE",
@@ -196,7 +206,7 @@ def main():
 
     results = {"bench": "peer-step", "torch": torch.__version__, "transformers": transformers.__version__,
                "device": torch.cuda.get_device_name(device) if cuda else "cpu", "preset": args.preset,
-               "layers": enc.num_hidden_layers, "forward_only": args.forward_only,
+               "layers": enc.num_hidden_layers, "forward_only": args.forward_only, "part": args.part,
                "threads": torch.get_num_threads(),
                "runs": {}}
     for run_name in [p for p in args.precisions.split(",") if p]:
@@ -233,13 +243,21 @@ def main():
             dec_in = torch.cat([torch.full((len(labels), 1), blank, dtype=torch.long, device=device), lab], dim=1)
             sync()
             t1 = time.perf_counter()
+            features_in = inputs["input_features"].to(device)
+            mask_in = inputs["attention_mask"].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                out = model(input_features=inputs["input_features"].to(device),
-                            attention_mask=inputs["attention_mask"].to(device),
-                            decoder_input_ids=dec_in, labels=None if surrogate else lab)
-                loss = out.loss if not surrogate else \
-                    -torch.log_softmax(out.logits.float(), dim=-1)[..., 0].mean()
-            if not args.forward_only:
+                if args.part == "encoder":
+                    out = model.encoder(input_features=features_in, attention_mask=mask_in)
+                    loss = out.last_hidden_state.float().pow(2).mean()
+                else:
+                    out = model(input_features=features_in, attention_mask=mask_in,
+                                decoder_input_ids=dec_in, labels=None if surrogate else lab)
+                    loss = out.loss if not surrogate else \
+                        -torch.log_softmax(out.logits.float(), dim=-1)[..., 0].mean()
+            if not args.forward_only and args.part == "encoder":
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+            elif not args.forward_only:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()

@@ -105,14 +105,28 @@ impl<B: Backend> Conv3x3S2<B> {
 
     /// `[B, H, W, 1 or C]` to `[B, ceil(H/2), ceil(W/2), C]`.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        if x.dims()[3] == 1 {
-            return self.one_channel(pad_even(pad_even(x, 1), 2));
-        }
         let geometry = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
-        match host_depthwise::on_host(&x, &self.weight.val(), &self.bias.val(), geometry) {
+        match host_depthwise::on_host(&x, &self.weight.val(), &self.bias.val(), geometry, None) {
             Some(out) => out,
+            None if x.dims()[3] == 1 => self.one_channel(pad_even(pad_even(x, 1), 2)),
             None => self.depthwise_taps(x),
         }
+    }
+
+    /// `relu(forward(x))` with each item's output rows from `rows[b]` on zeroed (a subsampling
+    /// stage's ReLU and time mask). On the CPU backend one host pass: the first stage's output
+    /// is the encoder's largest tensor (`[B, T/2, F/2, 256]` at the 0.6B shape), and its ReLU,
+    /// mask and their backward as separate operations were a third of the calling thread's
+    /// samples in an encoder step (bench/RESULTS.md, "The encoder alone against PyTorch's").
+    pub fn forward_relu_rows(&self, x: Tensor<B, 4>, rows: &[usize]) -> Tensor<B, 4> {
+        let geometry = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
+        let (w, b) = (self.weight.val(), self.bias.val());
+        if let Some(out) = host_depthwise::on_host(&x, &w, &b, geometry, Some(rows)) {
+            return out;
+        }
+        let y = burn::tensor::activation::relu(self.forward(x));
+        let (t, device) = (y.dims()[1], y.device());
+        y * super::mask::keep::<B>(rows, t, &device).reshape([rows.len(), t, 1, 1])
     }
 
     /// The depthwise form as a sum over the taps of shifted views (every backend; the CPU
@@ -180,7 +194,7 @@ impl<B: Backend> DepthwiseConv1d<B> {
         let k = self.weight.dims()[0];
         let geometry = Geometry { kernel: [k, 1], stride: [1, 1], padding: [k / 2, 0] };
         let x4 = x.clone().reshape([b, t, 1, c]);
-        match host_depthwise::on_host(&x4, &self.weight.val(), &self.bias.val(), geometry) {
+        match host_depthwise::on_host(&x4, &self.weight.val(), &self.bias.val(), geometry, None) {
             Some(out) => out.reshape([b, t, c]),
             None => self.taps(x),
         }
@@ -303,7 +317,7 @@ mod tests {
             let x =
                 Tensor::<A, 4>::random([2, h, w, c], Distribution::Default, &device).require_grad();
             let g = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
-            let host = host_depthwise::on_host(&x, &conv.weight.val(), &conv.bias.val(), g);
+            let host = host_depthwise::on_host(&x, &conv.weight.val(), &conv.bias.val(), g, None);
             let host = host.expect("NdArray under autodiff takes the host operation");
             assert_eq!(host.dims(), [2, out_len(h), out_len(w), c]);
             let taps = conv.depthwise_taps(x.clone());
@@ -326,6 +340,65 @@ mod tests {
             ["input gradient", "weight gradient", "bias gradient"].iter().zip(&worst[1..])
         {
             assert!(*e < 8e-7, "{what}: {e}");
+        }
+    }
+
+    /// The first subsampling stage on the host (one input channel read by every output
+    /// channel, then ReLU and the time mask in the same pass) against the graph form it
+    /// replaces (the nine taps side by side times the weight, `relu`, the mask's product), and
+    /// the depthwise stage with the same epilogue: outputs and the three gradients, with rows
+    /// masked in one item and none in the other. Without a gradient for the input (the
+    /// features), the weight's and bias's gradients are the same bits.
+    #[test]
+    fn host_stage_with_relu_and_rows_matches_the_graph_form() {
+        let device = Default::default();
+        let mut worst = [0f32; 4];
+        for (h, w, cin, c) in [(7, 6, 1, 5), (16, 12, 1, 8), (1, 1, 1, 2), (9, 8, 4, 4)] {
+            let conv = Conv3x3S2::<A>::new(c, &device);
+            let x = Tensor::<A, 4>::random([2, h, w, cin], Distribution::Default, &device)
+                .require_grad();
+            let ho = out_len(h);
+            let rows = [ho.div_ceil(2), ho];
+            let host = conv.forward_relu_rows(x.clone(), &rows);
+            let mask = crate::model::mask::keep::<A>(&rows, ho, &device).reshape([2, ho, 1, 1]);
+            let plain = if cin == 1 {
+                conv.one_channel(pad_even(pad_even(x.clone(), 1), 2))
+            } else {
+                conv.depthwise_taps(x.clone())
+            };
+            let graph = burn::tensor::activation::relu(plain) * mask;
+            // The masked rows are zero.
+            let tail = host.clone().inner().slice([0..1, rows[0]..ho, 0..out_len(w), 0..c]);
+            assert_eq!(tail.abs().sum().into_scalar(), 0.0, "{h}x{w}x{cin}");
+            for (m, e) in
+                worst.iter_mut().zip(form_errors(host, graph, &x, &conv.weight, &conv.bias))
+            {
+                *m = m.max(e);
+            }
+            // The same without the input's gradient (the first stage's features).
+            let x0 = x.clone().detach();
+            let r = Tensor::<A, 4>::random([2, ho, out_len(w), c], Distribution::Default, &device);
+            let g1 = (conv.forward_relu_rows(x.clone(), &rows) * r.clone()).sum().backward();
+            let g0 = (conv.forward_relu_rows(x0, &rows) * r).sum().backward();
+            let bits = |g: &<A as burn::tensor::backend::AutodiffBackend>::Gradients| {
+                let w = conv.weight.val().grad(g).unwrap().into_data().to_vec::<f32>().unwrap();
+                let b = conv.bias.val().grad(g).unwrap().into_data().to_vec::<f32>().unwrap();
+                (w, b)
+            };
+            assert_eq!(bits(&g1), bits(&g0), "{h}x{w}x{cin}: the parameters' gradients");
+        }
+        eprintln!("host stage + relu + rows against the graph (relative): {worst:?}");
+        // The one-channel output sums its nine terms and the bias in another order than the
+        // graph's product, and the gradients sum in other orders. Measured 2026-11-27 over five
+        // runs (random inputs): output, dx, dw, db at most 2.0e-7, 2.3e-7, 3.9e-7 and 1.0e-7 of
+        // the largest value; the bounds are 4x those.
+        let bounds = [8e-7, 9.2e-7, 1.6e-6, 4e-7];
+        for ((what, e), bound) in ["output", "input gradient", "weight gradient", "bias gradient"]
+            .iter()
+            .zip(&worst)
+            .zip(bounds)
+        {
+            assert!(*e < bound, "{what}: {e}");
         }
     }
 

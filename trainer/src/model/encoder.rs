@@ -68,7 +68,8 @@ impl<B: Backend> Subsampling<B> {
             let t = x.dims()[1];
             x * time_mask::<B>(lens, t, &device)
         };
-        let mut x = stage(relu(self.first.forward(x.unsqueeze_dim(3))), &mut lens);
+        lens.iter_mut().for_each(|n| *n = stage_len(*n));
+        let mut x = self.first.forward_relu_rows(x.unsqueeze_dim(3), &lens);
         for (dw, pw) in self.depthwise.iter().zip(&self.pointwise) {
             // The pointwise projection as a rank-2 Linear: on Burn 0.21's CubeCL backends (wgpu,
             // CUDA) this rank-4 Linear got a wrong bias gradient (its weight gradient and the

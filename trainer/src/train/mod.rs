@@ -474,6 +474,40 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         Ok(value)
     }
 
+    /// The encoder alone, as training runs it (dither, SpecAugment and dropout on): the mel
+    /// front end and the FastConformer, then a surrogate loss, the mean square of the encoder's
+    /// output, and with `backward` its gradients (computed, then dropped; no update). For
+    /// benchmarks that compare the encoder with another implementation's on the same loss
+    /// (`asrt-bench train-step --part encoder`, bench/peer_step.py's `--part encoder`): at
+    /// Parakeet-TDT-0.6B's 24 layers the encoder is nearly all of a step. Advances the
+    /// micro-batch counter as a step would.
+    pub fn encoder_surrogate(
+        &mut self,
+        batch: &PaddedBatch,
+        backward: bool,
+    ) -> Result<f64, TrainError> {
+        self.begin_micro(self.micro);
+        let b = batch.size();
+        let Audio::I16(pcm) = &batch.audio else {
+            return Err(TrainError::BatchFormat);
+        };
+        let dither = rng::derive(self.cfg.train.seed, Stream::Dither, self.micro);
+        let (feats, frame_lens) =
+            self.frontend.forward(pcm, b, &batch.audio_lens, Some(dither), &self.device);
+        let f = feats.dims()[2];
+        let seed = rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro);
+        let feats =
+            SpecAugmentDraws::draw(&self.cfg.model.spec_augment, &frame_lens, f, seed).apply(feats);
+        let (enc, _) = self.model.encode(&self.cfg.model, feats, &frame_lens);
+        let loss = enc.powi_scalar(2).mean();
+        let value: f32 = loss.clone().into_scalar().elem();
+        if backward {
+            drop(loss.backward());
+        }
+        self.micro += 1;
+        Ok(f64::from(value))
+    }
+
     /// Whether the joint's output layer and the loss run on the host (`train.joint = "auto"` on
     /// a CPU backend in f32; [`host_joint`]).
     fn joint_on_host(&self) -> bool {

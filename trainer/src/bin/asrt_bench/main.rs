@@ -148,6 +148,11 @@ enum Bench {
         /// Time the forward pass and loss of each batch only (no backward, no update).
         #[arg(long)]
         forward_only: bool,
+        /// `model`: the whole step; `encoder`: the mel front end and the encoder with a
+        /// surrogate loss (the mean square of its output), forward and backward, no update
+        /// (bench/peer_step.py's `--part encoder` is the same on PyTorch).
+        #[arg(long, default_value = "model")]
+        part: String,
         /// `train.fused_batch_size`: utterances per joint call (0: the whole micro-batch).
         #[arg(long, default_value_t = 0)]
         fused_batch_size: usize,
@@ -234,7 +239,17 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+// The allocator `asrt` trains with, set up as it sets it up (trainer/src/main.rs): until
+// 2026-11-27 the benchmarks ran on glibc's malloc, whose freed blocks are unmapped and
+// page-faulted in again by the next operation, so their step times were not `asrt train`'s
+// (bench/RESULTS.md, "Allocator" and "The encoder alone against PyTorch's").
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
+    #[cfg(not(feature = "system-allocator"))]
+    asr_trainer::allocator::configure_for_training();
     let out = match Args::parse().bench {
         Bench::TrainStep {
             corpus,
@@ -246,9 +261,15 @@ fn main() -> anyhow::Result<()> {
             dropout,
             precision,
             forward_only,
+            part,
             fused_batch_size,
             joint,
         } => {
+            let encoder_only = match part.as_str() {
+                "model" => false,
+                "encoder" => true,
+                other => anyhow::bail!("--part {other:?}: expected model or encoder"),
+            };
             let mut cfg = asr_trainer::TrainConfig::for_preset(&preset)
                 .with_context(|| format!("unknown preset {preset}"))?;
             if let Some(n) = layers {
@@ -267,7 +288,14 @@ fn main() -> anyhow::Result<()> {
             cfg.train.grad_accum = 1;
             cfg.train.max_steps = steps + 2;
             cfg.sampler.max_batch_seconds = max_batch_seconds;
-            let run = StepRun { path: &corpus, steps, cfg, backend: &backend, forward_only };
+            let run = StepRun {
+                path: &corpus,
+                steps,
+                cfg,
+                backend: &backend,
+                forward_only,
+                encoder_only,
+            };
             match backend.as_str() {
                 "ndarray" => {
                     train_step_bench::<burn::backend::Autodiff<burn::backend::NdArray>>(run)?
@@ -770,6 +798,8 @@ struct StepRun<'a> {
     cfg: asr_trainer::TrainConfig,
     backend: &'a str,
     forward_only: bool,
+    /// The encoder and a surrogate loss only ([`asr_trainer::Trainer::encoder_surrogate`]).
+    encoder_only: bool,
 }
 
 fn train_step_bench<B>(run: StepRun<'_>) -> anyhow::Result<serde_json::Value>
@@ -778,7 +808,7 @@ where
     B::InnerBackend: asr_trainer::DeviceAllReduce,
 {
     use asr_trainer::Trainer;
-    let StepRun { path, steps, cfg, backend, forward_only } = run;
+    let StepRun { path, steps, cfg, backend, forward_only, encoder_only } = run;
     let set = asr_trainer::TrainingSet::open(&[asr_trainer::DataSpec::new(path)])?;
     let corpus = set.corpus(0);
     let vocab = corpus.metadata().tokenizer.vocab_size as usize;
@@ -816,7 +846,17 @@ where
                 .map(|&b| assemble(corpus, plan.batch(b), ShapePolicy::default(), AudioFormat::I16))
                 .collect();
             let t = Instant::now();
-            let audio = if forward_only {
+            let audio = if encoder_only {
+                let mut audio = 0.0;
+                for b in &batches {
+                    trainer
+                        .encoder_surrogate(b, !forward_only)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    audio += b.seconds;
+                }
+                trainer.step += 1;
+                audio
+            } else if forward_only {
                 let mut audio = 0.0;
                 for b in &batches {
                     trainer.forward_loss(b).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -852,9 +892,11 @@ where
         }
         epoch += 1;
     }
+    let part = if encoder_only { "encoder" } else { "model" };
     Ok(json!({
         "bench": "train_step", "preset": cfg.preset, "layers": cfg.model.encoder.n_layers,
         "backend": backend, "precision": cfg.train.precision.to_string(), "forward_only": forward_only,
+        "part": part,
         "threads": rayon::current_num_threads(), "parameters": params, "steps": times.len(),
         "max_batch_seconds": cfg.sampler.max_batch_seconds, "audio_seconds_median": median(audios),
         "step_seconds_median": median(times.clone()), "audio_seconds_per_second_median": median(rates),
