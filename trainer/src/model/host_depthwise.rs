@@ -256,7 +256,7 @@ impl Backward<NdArray, 3> for DepthwiseBackward {
         let state = ops.state;
         // The forward ran on f32 input and weight (`forward` takes no other), and NdArray's
         // float gradients are f32 or f64, which `with_values` reads: this cannot fail.
-        let (dx, dw, db) = gradients(&state, &upstream, px.is_some())
+        let Grads { dx, dw, db } = gradients(&state, &upstream, px.is_some())
             .expect("the depthwise convolution's tensors are float");
         let [n, h, wd, cin] = state.dims;
         let [kh, kw] = state.g.kernel;
@@ -273,6 +273,13 @@ impl Backward<NdArray, 3> for DepthwiseBackward {
     }
 }
 
+/// The gradients of one call: the input's (when wanted), the weight's and the bias's.
+struct Grads {
+    dx: Option<Vec<f32>>,
+    dw: Vec<f32>,
+    db: Vec<f32>,
+}
+
 /// The output's gradient through the ReLU: zero where the output is `<= 0`.
 fn gated(dy: &[f32], out: &[f32]) -> Vec<f32> {
     const CHUNK: usize = 1 << 14;
@@ -285,11 +292,7 @@ fn gated(dy: &[f32], out: &[f32]) -> Vec<f32> {
 
 /// `(dx, dw, db)` from the output's gradient `dy` `[B, Ho, Wo, C]`; `dx` only when `want_dx`
 /// (the first stage reads the features, which need none).
-fn gradients(
-    state: &State,
-    dy: &NdArrayTensor,
-    want_dx: bool,
-) -> Option<(Option<Vec<f32>>, Vec<f32>, Vec<f32>)> {
+fn gradients(state: &State, dy: &NdArrayTensor, want_dx: bool) -> Option<Grads> {
     let State { x, w, dims, g, gate } = state;
     with_values(dy, |gs| {
         let dy: Cow<'_, [f32]> = match gate {
@@ -311,7 +314,7 @@ fn host_gradients(
     dims: [usize; 4],
     g: Geometry,
     want_dx: bool,
-) -> Option<(Option<Vec<f32>>, Vec<f32>, Vec<f32>)> {
+) -> Option<Grads> {
     let [n, h, wd, cin] = dims;
     let [ho, wo] = g.output(h, wd);
     let [kh, kw] = g.kernel;
@@ -385,7 +388,7 @@ fn host_gradients(
     }
     let dw = total[..taps * c].iter().map(|&v| v as f32).collect();
     let db = total[taps * c..].iter().map(|&v| v as f32).collect();
-    Some((dx, dw, db))
+    Some(Grads { dx, dw, db })
 }
 
 /// The output index whose tap `t` reads input index `i` along dimension `d`, if any.

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::type_complexity, missing_docs)]
 
 mod device_inputs;
-mod encoder_surrogate;
 mod fused_joint;
 mod greedy_device;
 mod hf;
