@@ -413,25 +413,36 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         })
     }
 
+    /// The batch's features `[B, T, F]` and valid frames, as training makes them (dither and
+    /// SpecAugment drawn from the micro-batch) or, with `train` false, as evaluation does.
+    fn features(
+        &self,
+        batch: &PaddedBatch,
+        train: bool,
+    ) -> Result<(Tensor<B, 3>, Vec<usize>), TrainError> {
+        let dither = train.then(|| rng::derive(self.cfg.train.seed, Stream::Dither, self.micro));
+        let Audio::I16(pcm) = &batch.audio else {
+            return Err(TrainError::BatchFormat);
+        };
+        let (feats, frame_lens) =
+            self.frontend.forward(pcm, batch.size(), &batch.audio_lens, dither, &self.device);
+        if !train {
+            return Ok((feats, frame_lens));
+        }
+        let f = feats.dims()[2];
+        let seed = rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro);
+        let feats =
+            SpecAugmentDraws::draw(&self.cfg.model.spec_augment, &frame_lens, f, seed).apply(feats);
+        Ok((feats, frame_lens))
+    }
+
     /// Front end, SpecAugment (when training), encoder and prediction network of a batch, both
     /// projected for the joint: everything of the forward pass before the joint's largest
     /// tensor.
     fn encode_batch(&mut self, batch: &PaddedBatch, train: bool) -> Result<Encoded<B>, TrainError> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
-        let dither = train.then(|| rng::derive(self.cfg.train.seed, Stream::Dither, self.micro));
-        let Audio::I16(pcm) = &batch.audio else {
-            return Err(TrainError::BatchFormat);
-        };
-        let (feats, frame_lens) =
-            self.frontend.forward(pcm, b, &batch.audio_lens, dither, &self.device);
-        let feats = if train {
-            let f = feats.dims()[2];
-            let seed = rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro);
-            SpecAugmentDraws::draw(&cfg.spec_augment, &frame_lens, f, seed).apply(feats)
-        } else {
-            feats
-        };
+        let (feats, frame_lens) = self.features(batch, train)?;
         let (enc, enc_lens) = self.model.encode(cfg, feats, &frame_lens);
         let u = batch.max_tokens;
         let ids: Vec<i64> = batch.tokens.iter().map(|&x| i64::from(x)).collect();
@@ -487,17 +498,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         backward: bool,
     ) -> Result<f64, TrainError> {
         self.begin_micro(self.micro);
-        let b = batch.size();
-        let Audio::I16(pcm) = &batch.audio else {
-            return Err(TrainError::BatchFormat);
-        };
-        let dither = rng::derive(self.cfg.train.seed, Stream::Dither, self.micro);
-        let (feats, frame_lens) =
-            self.frontend.forward(pcm, b, &batch.audio_lens, Some(dither), &self.device);
-        let f = feats.dims()[2];
-        let seed = rng::derive(self.cfg.train.seed, Stream::SpecAugment, self.micro);
-        let feats =
-            SpecAugmentDraws::draw(&self.cfg.model.spec_augment, &frame_lens, f, seed).apply(feats);
+        let (feats, frame_lens) = self.features(batch, true)?;
         let (enc, _) = self.model.encode(&self.cfg.model, feats, &frame_lens);
         let loss = enc.powi_scalar(2).mean();
         let value: f32 = loss.clone().into_scalar().elem();
