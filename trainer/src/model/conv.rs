@@ -14,6 +14,7 @@ use burn::tensor::Distribution;
 
 use super::host_depthwise::{self, Geometry};
 use super::host_linear;
+use super::host_reshape::Reshaped;
 
 fn uniform<B: Backend, const D: usize>(
     shape: [usize; D],
@@ -193,9 +194,9 @@ impl<B: Backend> DepthwiseConv1d<B> {
         let [b, t, c] = x.dims();
         let k = self.weight.dims()[0];
         let geometry = Geometry { kernel: [k, 1], stride: [1, 1], padding: [k / 2, 0] };
-        let x4 = x.clone().reshape([b, t, 1, c]);
+        let x4 = x.clone().reshaped([b, t, 1, c]);
         match host_depthwise::on_host(&x4, &self.weight.val(), &self.bias.val(), geometry, None) {
-            Some(out) => out.reshape([b, t, c]),
+            Some(out) => out.reshaped([b, t, c]),
             None => self.taps(x),
         }
     }

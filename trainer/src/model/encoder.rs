@@ -9,10 +9,22 @@ use burn::tensor::activation::{glu, relu, silu, softmax};
 use super::config::EncoderConfig;
 use super::conv::{Conv3x3S2, DepthwiseConv1d};
 use super::dropout::Dropout;
+use super::host_reshape::Reshaped;
 use super::precision::Precision;
 
 /// NeMo masks attention scores with -10000 rather than -inf.
 const MASK_VALUE: f64 = -10_000.0;
+
+/// The Conformer block's layer normalisations' epsilon (NeMo's and PyTorch's default), set on
+/// the modules and read by the host form (Burn's `LayerNorm` does not expose it).
+const LAYER_NORM_EPS: f64 = 1e-5;
+
+/// `norm(x)`: one host operation on the CPU backend (`host_layer_norm`), Burn's elsewhere.
+fn layer_norm<B: Backend, const D: usize>(norm: &LayerNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    let beta = norm.beta.as_ref().map(|b| b.val());
+    super::host_layer_norm::on_host(&x, &norm.gamma.val(), beta.as_ref(), LAYER_NORM_EPS)
+        .unwrap_or_else(|| norm.forward(x))
+}
 
 /// Output length of one stride-2, kernel-3, padding-1 stage.
 fn stage_len(n: usize) -> usize {
@@ -76,7 +88,7 @@ impl<B: Backend> Subsampling<B> {
             // CPU backend's were right); as rank 2 both backends agree (wgpu_training test).
             let y = dw.forward(x);
             let [b, t, f, c] = y.dims();
-            let y = p.linear(pw, y.reshape([b * t * f, c])).reshape([b, t, f, c]);
+            let y = p.linear(pw, y.reshaped([b * t * f, c])).reshaped([b, t, f, c]);
             x = stage(relu(y), &mut lens);
         }
         let [b, t, f, c] = x.dims();
@@ -151,11 +163,11 @@ impl<B: Backend> RelPositionAttention<B> {
     ) -> Tensor<B, 3> {
         let [b, t, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
-        let split = |y: Tensor<B, 3>| y.reshape([b, t, h, dk]); // [B, T, H, dk]
+        let split = |y: Tensor<B, 3>| y.reshaped([b, t, h, dk]); // [B, T, H, dk]
         let q = split(p.linear(&self.q, x.clone()));
         let k = split(p.linear(&self.k, x.clone())).swap_dims(1, 2); // [B, H, T, dk]
         let v = split(p.linear(&self.v, x)).swap_dims(1, 2);
-        let r = p.linear(&self.pos, pos).reshape([1, 2 * t - 1, h, dk]).swap_dims(1, 2); // [1,H,2T-1,dk]
+        let r = p.linear(&self.pos, pos).reshaped([1, 2 * t - 1, h, dk]).swap_dims(1, 2); // [1,H,2T-1,dk]
         let u = self.pos_bias_u.val().reshape([1, 1, h, dk]);
         let w = self.pos_bias_v.val().reshape([1, 1, h, dk]);
         let q_u = (q.clone() + u).swap_dims(1, 2); // [B, H, T, dk]
@@ -174,8 +186,15 @@ impl<B: Backend> RelPositionAttention<B> {
 }
 
 /// Transformer-XL's relative shift: scores against positions `T-1 .. -(T-1)` `[.., T, 2T-1]`
-/// become scores against key positions `[.., T, T]` (query i, key j uses position i - j).
+/// become scores against key positions `[.., T, T]` (query i, key j uses position i - j). One
+/// host operation on the CPU backend (`host_rel_shift`), the tensor form elsewhere.
 fn rel_shift<B: Backend>(x: Tensor<B, 4>, t: usize) -> Tensor<B, 4> {
+    super::host_rel_shift::on_host(&x).unwrap_or_else(|| rel_shift_tensor_form(x, t))
+}
+
+/// [`rel_shift`] from tensor operations: a zero column prepended, the rows re-cut one longer,
+/// and the first `T` columns kept.
+pub(super) fn rel_shift_tensor_form<B: Backend>(x: Tensor<B, 4>, t: usize) -> Tensor<B, 4> {
     let [b, h, _, n] = x.dims(); // n = 2T - 1
     let zeros = Tensor::zeros([b, h, t, 1], &x.device());
     let x = Tensor::cat(vec![zeros, x], 3) // [B, H, T, 2T]
@@ -254,7 +273,7 @@ pub struct ConformerLayer<B: Backend> {
 
 impl<B: Backend> ConformerLayer<B> {
     fn new(cfg: &EncoderConfig, device: &B::Device) -> Self {
-        let norm = || LayerNormConfig::new(cfg.d_model).init(device);
+        let norm = || LayerNormConfig::new(cfg.d_model).with_epsilon(LAYER_NORM_EPS).init(device);
         ConformerLayer {
             norm_ff1: norm(),
             ff1: FeedForward::new(cfg, device),
@@ -278,14 +297,20 @@ impl<B: Backend> ConformerLayer<B> {
         p: Precision,
     ) -> Tensor<B, 3> {
         let x = x.clone()
-            + self.dropout.forward(self.ff1.forward(self.norm_ff1.forward(x), p)).mul_scalar(0.5);
+            + self
+                .dropout
+                .forward(self.ff1.forward(layer_norm(&self.norm_ff1, x), p))
+                .mul_scalar(0.5);
         let x = x.clone()
-            + self.dropout.forward(self.att.forward(self.norm_att.forward(x), pos, pad, p));
-        let x =
-            x.clone() + self.dropout.forward(self.conv.forward(self.norm_conv.forward(x), keep, p));
+            + self.dropout.forward(self.att.forward(layer_norm(&self.norm_att, x), pos, pad, p));
         let x = x.clone()
-            + self.dropout.forward(self.ff2.forward(self.norm_ff2.forward(x), p)).mul_scalar(0.5);
-        self.norm_out.forward(x)
+            + self.dropout.forward(self.conv.forward(layer_norm(&self.norm_conv, x), keep, p));
+        let x = x.clone()
+            + self
+                .dropout
+                .forward(self.ff2.forward(layer_norm(&self.norm_ff2, x), p))
+                .mul_scalar(0.5);
+        layer_norm(&self.norm_out, x)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod dropout;
 pub mod encoder;
 pub mod greedy;
 pub mod host_depthwise;
+pub mod host_layer_norm;
 pub mod host_linear;
 pub mod host_lstm;
 // `gemm` takes raw pointers and strides; the module checks the shapes and says why at its one
@@ -15,6 +16,8 @@ pub mod host_lstm;
 pub mod host_mel;
 #[allow(unsafe_code)]
 pub mod host_product;
+pub mod host_rel_shift;
+pub mod host_reshape;
 pub mod host_silu;
 pub mod mask;
 pub mod mel;

@@ -10,6 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::host_reshape::Reshaped;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
@@ -146,10 +147,10 @@ impl Precision {
         }
         let dims = x.dims();
         let rows = dims[..D - 1].iter().product::<usize>();
-        let y = self.linear_2d(layer, x.reshape([rows, dims[D - 1]]));
+        let y = self.linear_2d(layer, x.reshaped([rows, dims[D - 1]]));
         let mut shape = dims;
         shape[D - 1] = y.dims()[1];
-        y.reshape(shape)
+        y.reshaped(shape)
     }
 
     /// [`Self::linear_low`] on `[rows, in]`; in f32 on NdArray, one host operation
