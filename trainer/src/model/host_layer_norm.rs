@@ -51,10 +51,9 @@ pub fn on_host<B: Backend, const D: usize>(
             Some(b) => Some(float(cast::<_, Tensor<Autodiff<NdArray>, 1>>(b.clone())?)),
             None => None,
         };
-        let dims = x.primitive.shape().to_vec();
         let (out, stats) =
             forward(&x.primitive, &g.primitive, b.as_ref().map(|b| &b.primitive), eps)?;
-        let state = State { x: x.primitive.clone(), gamma: g.primitive.clone(), stats, dims };
+        let state = State { x: x.primitive.clone(), gamma: g.primitive.clone(), stats };
         let out = match &b {
             Some(b) => record([&x, &g, b], state, out),
             None => record([&x, &g], state, out),
@@ -138,7 +137,6 @@ struct State {
     x: NdArrayTensor,
     gamma: NdArrayTensor,
     stats: Stats,
-    dims: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -154,7 +152,8 @@ impl<const N: usize> Backward<NdArray, N> for NormBackward {
         _checkpointer: &mut Checkpointer,
     ) {
         let upstream = grads.consume::<NdArray>(&ops.node);
-        let State { x, gamma, stats, dims } = ops.state;
+        let State { x, gamma, stats } = ops.state;
+        let dims = x.shape().to_vec();
         // The forward ran on f32 tensors of these shapes, and NdArray's float gradients are f32
         // or f64, which `with_values` reads: this cannot fail.
         let (dx, dg, db) = with_values(&x, |xs| {
