@@ -251,7 +251,12 @@ impl<B: Backend> ConvModule<B> {
         let x = glu(p.linear(&self.pointwise1, x), 2) * keep;
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
-        let x = swish(self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2));
+        // Channels last on the host (`host_batch_norm`); Burn's wants them second.
+        let x = match super::host_batch_norm::train_on_host(&self.norm, &x) {
+            Some(y) => y,
+            None => self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2),
+        };
+        let x = swish(x);
         p.linear(&self.pointwise2, x)
     }
 }

@@ -153,32 +153,39 @@ impl<const N: usize> Backward<NdArray, N> for NormBackward {
     ) {
         let upstream = grads.consume::<NdArray>(&ops.node);
         let State { x, gamma, stats } = ops.state;
-        let dims = x.shape().to_vec();
-        // The forward ran on f32 tensors of these shapes, and NdArray's float gradients are f32
-        // or f64, which `with_values` reads: this cannot fail.
-        let (dx, dg, db) = with_values(&x, |xs| {
-            with_values(&gamma, |gs| {
-                with_values(&upstream, |dy| {
-                    (dy.len() == xs.len()).then(|| gradients(xs, gs, dy, &stats))
-                })
-                .flatten()
-            })
-            .flatten()
-        })
-        .flatten()
-        .expect("the normalisation's tensors are f32 of the forward's shapes");
-        let parents = ops.parents;
-        let d = dg.len();
-        if let Some(p) = &parents[0] {
-            grads.register::<NdArray>(p.id, tensor(dx, &dims));
-        }
-        if let Some(p) = &parents[1] {
-            grads.register::<NdArray>(p.id, tensor(dg, &[d]));
-        }
-        if let Some(Some(p)) = parents.get(2) {
-            grads.register::<NdArray>(p.id, tensor(db, &[d]));
+        let out =
+            backward_values(&x, &gamma, &upstream, |xs, gs, dy| gradients(xs, gs, dy, &stats));
+        // Without a shift there are two parents, and the shift's gradient goes unused.
+        for (parent, g) in ops.parents.iter().zip(out) {
+            if let Some(p) = parent {
+                grads.register::<NdArray>(p.id, g);
+            }
         }
     }
+}
+
+/// A normalisation's backward on the host, shared with `host_batch_norm`: `f(x, gamma, dy)`
+/// over the values gives `(dx, dgamma, dbeta)`, returned as tensors of `x`'s and `gamma`'s
+/// shapes.
+pub(super) fn backward_values(
+    x: &NdArrayTensor,
+    gamma: &NdArrayTensor,
+    upstream: &NdArrayTensor,
+    f: impl FnOnce(&[f32], &[f32], &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>),
+) -> [NdArrayTensor; 3] {
+    let dims = x.shape().to_vec();
+    // The forward ran on f32 tensors of these shapes, and NdArray's float gradients are f32 or
+    // f64, which `with_values` reads: this cannot fail.
+    let (dx, dg, db) = with_values(x, |xs| {
+        with_values(gamma, |gs| {
+            with_values(upstream, |dy| (dy.len() == xs.len()).then(|| f(xs, gs, dy))).flatten()
+        })
+        .flatten()
+    })
+    .flatten()
+    .expect("the normalisation's tensors are f32 of the forward's shapes");
+    let d = dg.len();
+    [tensor(dx, &dims), tensor(dg, &[d]), tensor(db, &[d])]
 }
 
 /// `(dx, dgamma, dbeta)`. With `n = (x - mean) * rstd` and `h = dy * gamma` per row,

@@ -7,6 +7,7 @@ pub mod decoder;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;
+pub mod host_batch_norm;
 pub mod host_depthwise;
 pub mod host_layer_norm;
 pub mod host_linear;

@@ -22,6 +22,7 @@ pub mod adamw;
 pub mod collective;
 pub mod fused;
 pub mod grads;
+pub mod graph_release;
 pub mod host_joint;
 pub mod kernel_limit;
 pub mod metrics;
@@ -476,11 +477,17 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let value = if self.joint_on_host() {
             let rnnt = self.loss.next_branch();
             let x = e.joint_inputs(batch);
-            host_joint::host_joint_loss(self.model.joint.output_layer(), &self.loss, x, rnnt)?
+            let value =
+                host_joint::host_joint_loss(self.model.joint.output_layer(), &self.loss, x, rnnt)?;
+            // A live tensor keeps its graph: the encoder's output goes before the release.
+            drop(e);
+            value
         } else {
             let loss: f32 = self.whole_loss(e, batch)?.into_scalar().elem();
             f64::from(loss)
         };
+        // No backward follows: without this, Burn would keep the forward's graph.
+        graph_release::release(&self.model);
         self.micro += 1;
         Ok(value)
     }
@@ -504,6 +511,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let value: f32 = loss.clone().into_scalar().elem();
         if backward {
             drop(loss.backward());
+        } else {
+            drop(loss);
+            graph_release::release(&self.model);
         }
         self.micro += 1;
         Ok(f64::from(value))
@@ -691,6 +701,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             audio_seconds += batch.seconds;
             utterances += batch.size() as u64;
             let Some((value, grads)) = result else {
+                // Not run backward: its graph would stay while the next micro-batch runs.
+                graph_release::release(&self.model);
                 non_finite = true;
                 continue;
             };
