@@ -14,6 +14,10 @@
 //! in: from the sum of one element of each trainable parameter. Its gradients are dropped.
 //! Parameters are live tensors, so their nodes stay; everything else no tensor refers to goes.
 //! The caller drops the forward's tensors first: a live tensor keeps itself and its ancestors.
+//!
+//! Cost: each parameter's gradient is a tensor of its shape (zeros, one element set), as in
+//! any backward, so the peak is no higher than a training step's backward. On the CPU the
+//! forward-only steps got faster with it (bench/RESULTS.md, "A forward's graph freed").
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
