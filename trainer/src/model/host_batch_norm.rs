@@ -21,7 +21,7 @@
 //! far below f32's resolution.
 
 use super::host_depthwise::{cast, float, tensor, with_values};
-use super::host_layer_norm::backward_values;
+use super::host_layer_norm::{backward, State};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -72,7 +72,11 @@ pub fn train_on_host<B: Backend, const D: usize>(
         |values: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(values, [c]), &device);
     norm.running_mean.update(update(blend(&running_mean, &stats.mean)));
     norm.running_var.update(update(blend(&running_var, &stats.var)));
-    let state = State { x: xt.primitive.clone(), gamma: g.primitive.clone(), stats: stats.short() };
+    let state = State {
+        x: xt.primitive.clone(),
+        gamma: g.primitive.clone(),
+        stats: backward_stats(&stats),
+    };
     let nodes = [xt.node.clone(), g.node.clone(), b.node.clone()];
     let out = match NormBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(state, out),
@@ -89,11 +93,11 @@ struct Stats {
     rstd: Vec<f64>,
 }
 
-impl Stats {
-    /// What the backward needs: each channel's mean and `1 / sqrt(var + eps)`.
-    fn short(&self) -> Vec<(f64, f64)> {
-        self.mean.iter().zip(&self.rstd).map(|(&m, &r)| (m, r)).collect()
-    }
+/// What the backward needs: each channel's mean and `1 / sqrt(var + eps)`, in float64: the
+/// scale gradient's sum cancels (the normalised values sum to zero), so f32 normalised values
+/// would cost it digits.
+fn backward_stats(stats: &Stats) -> Vec<(f64, f64)> {
+    stats.mean.iter().copied().zip(stats.rstd.iter().copied()).collect()
 }
 
 /// Per-channel sums of `f(row)` over fixed blocks of `ROWS` rows, the blocks added in order.
@@ -174,22 +178,11 @@ fn forward(
     .flatten()
 }
 
-#[derive(Debug, Clone)]
-struct State {
-    /// The input (shared with the forward, not copied) and the scale.
-    x: NdArrayTensor,
-    gamma: NdArrayTensor,
-    /// Each channel's mean and `1 / sqrt(var + eps)`, in float64: the scale gradient's sum
-    /// cancels (the normalised values sum to zero), so f32 normalised values would cost it
-    /// digits.
-    stats: Vec<(f64, f64)>,
-}
-
 #[derive(Debug)]
 struct NormBackward;
 
 impl Backward<NdArray, 3> for NormBackward {
-    type State = State;
+    type State = State<Vec<(f64, f64)>>;
 
     fn backward(
         self,
@@ -197,15 +190,7 @@ impl Backward<NdArray, 3> for NormBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let upstream = grads.consume::<NdArray>(&ops.node);
-        let State { x, gamma, stats } = ops.state;
-        let out =
-            backward_values(&x, &gamma, &upstream, |xs, gs, dy| gradients(xs, gs, dy, &stats));
-        for (parent, g) in ops.parents.iter().zip(out) {
-            if let Some(p) = parent {
-                grads.register::<NdArray>(p.id, g);
-            }
-        }
+        backward(ops, grads, |xs, gs, dy, stats: &Vec<_>| gradients(xs, gs, dy, stats));
     }
 }
 

@@ -76,7 +76,11 @@ pub fn on_host<B: Backend, const D: usize>(
 type Tracked = burn::tensor::ops::FloatTensor<Autodiff<NdArray>>;
 
 /// Records the step with its parents (the input, the scale and, when there is one, the shift).
-fn record<const N: usize>(parents: [&Tracked; N], state: State, out: NdArrayTensor) -> Tracked {
+fn record<const N: usize>(
+    parents: [&Tracked; N],
+    state: State<Stats>,
+    out: NdArrayTensor,
+) -> Tracked {
     let nodes = parents.map(|p| p.node.clone());
     match NormBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(state, out),
@@ -131,19 +135,21 @@ fn forward(
     Some((tensor(out, &dims), stats))
 }
 
+/// A host normalisation's backward state, shared with `host_batch_norm`.
 #[derive(Debug, Clone)]
-struct State {
+pub(super) struct State<S> {
     /// The input (shared with the forward, not copied) and the scale.
-    x: NdArrayTensor,
-    gamma: NdArrayTensor,
-    stats: Stats,
+    pub(super) x: NdArrayTensor,
+    pub(super) gamma: NdArrayTensor,
+    /// What the gradients need of the forward's statistics.
+    pub(super) stats: S,
 }
 
 #[derive(Debug)]
 struct NormBackward;
 
 impl<const N: usize> Backward<NdArray, N> for NormBackward {
-    type State = State;
+    type State = State<Stats>;
 
     fn backward(
         self,
@@ -151,41 +157,39 @@ impl<const N: usize> Backward<NdArray, N> for NormBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let upstream = grads.consume::<NdArray>(&ops.node);
-        let State { x, gamma, stats } = ops.state;
-        let out =
-            backward_values(&x, &gamma, &upstream, |xs, gs, dy| gradients(xs, gs, dy, &stats));
-        // Without a shift there are two parents, and the shift's gradient goes unused.
-        for (parent, g) in ops.parents.iter().zip(out) {
-            if let Some(p) = parent {
-                grads.register::<NdArray>(p.id, g);
-            }
-        }
+        backward(ops, grads, gradients);
     }
 }
 
-/// A normalisation's backward on the host, shared with `host_batch_norm`: `f(x, gamma, dy)`
-/// over the values gives `(dx, dgamma, dbeta)`, returned as tensors of `x`'s and `gamma`'s
-/// shapes.
-pub(super) fn backward_values(
-    x: &NdArrayTensor,
-    gamma: &NdArrayTensor,
-    upstream: &NdArrayTensor,
-    f: impl FnOnce(&[f32], &[f32], &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>),
-) -> [NdArrayTensor; 3] {
+/// A host normalisation's backward, shared with `host_batch_norm`: `f(x, gamma, dy, stats)`
+/// over the values gives `(dx, dgamma, dbeta)`, registered for the parents present (the input,
+/// the scale and, when there is one, the shift; without a shift its gradient goes unused).
+pub(super) fn backward<S, const N: usize>(
+    ops: Ops<State<S>, N>,
+    grads: &mut Gradients,
+    f: impl FnOnce(&[f32], &[f32], &[f32], &S) -> (Vec<f32>, Vec<f32>, Vec<f32>),
+) {
+    let upstream = grads.consume::<NdArray>(&ops.node);
+    let State { x, gamma, stats } = ops.state;
     let dims = x.shape().to_vec();
     // The forward ran on f32 tensors of these shapes, and NdArray's float gradients are f32 or
     // f64, which `with_values` reads: this cannot fail.
-    let (dx, dg, db) = with_values(x, |xs| {
-        with_values(gamma, |gs| {
-            with_values(upstream, |dy| (dy.len() == xs.len()).then(|| f(xs, gs, dy))).flatten()
+    let (dx, dg, db) = with_values(&x, |xs| {
+        with_values(&gamma, |gs| {
+            with_values(&upstream, |dy| (dy.len() == xs.len()).then(|| f(xs, gs, dy, &stats)))
+                .flatten()
         })
         .flatten()
     })
     .flatten()
     .expect("the normalisation's tensors are f32 of the forward's shapes");
     let d = dg.len();
-    [tensor(dx, &dims), tensor(dg, &[d]), tensor(db, &[d])]
+    let out = [tensor(dx, &dims), tensor(dg, &[d]), tensor(db, &[d])];
+    for (parent, g) in ops.parents.iter().zip(out) {
+        if let Some(p) = parent {
+            grads.register::<NdArray>(p.id, g);
+        }
+    }
 }
 
 /// `(dx, dgamma, dbeta)`. With `n = (x - mean) * rstd` and `h = dy * gamma` per row,
