@@ -135,12 +135,16 @@ fn lstm_sequence<B: Backend>(layer: &Lstm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     if let Some(out) = super::host_lstm::on_host(&xin, &w_hid) {
         return out;
     }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(out) = super::device_lstm::on_device(&xin, &w_hid) {
+        return out;
+    }
     recurrence(xin, w_hid)
 }
 
 /// The recurrence over `xin` `[B, S, 4H]` (projections and biases) from the zero state, as
-/// Burn operations: the form on every backend but the host's (`host_lstm`).
-fn recurrence<B: Backend>(xin: Tensor<B, 3>, w_hid: Tensor<B, 2>) -> Tensor<B, 3> {
+/// Burn operations: the form on the backends that have neither `host_lstm` nor `device_lstm`.
+pub(crate) fn recurrence<B: Backend>(xin: Tensor<B, 3>, w_hid: Tensor<B, 2>) -> Tensor<B, 3> {
     let [b, s, h4] = xin.dims();
     let h = h4 / 4;
     let device = xin.device();

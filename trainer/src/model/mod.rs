@@ -4,6 +4,8 @@ pub mod augment;
 pub mod config;
 pub mod conv;
 pub mod decoder;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_lstm;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;

@@ -48,13 +48,17 @@ pub struct HostAdamW {
 impl HostAdamW {
     /// AdamW with `settings`; `host`: update on the host (a CPU backend).
     pub fn new(settings: AdamWSettings, host: bool) -> Self {
-        let graph = AdamWConfig::new()
+        HostAdamW { settings, graph: Self::burn(settings), host }
+    }
+
+    /// Burn's own AdamW with `settings`.
+    pub fn burn(settings: AdamWSettings) -> AdamW {
+        AdamWConfig::new()
             .with_beta_1(settings.beta_1)
             .with_beta_2(settings.beta_2)
             .with_epsilon(settings.epsilon)
             .with_weight_decay(settings.weight_decay)
-            .build();
-        HostAdamW { settings, graph, host }
+            .build()
     }
 }
 

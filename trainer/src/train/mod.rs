@@ -20,12 +20,14 @@
 
 pub mod adamw;
 pub mod collective;
+pub mod flat_adamw;
 pub mod fused;
 pub mod grads;
 pub mod graph_release;
 pub mod host_joint;
 pub mod kernel_limit;
 pub mod metrics;
+pub mod optimizer;
 pub mod out_of_memory;
 pub mod parallel;
 pub mod run;
@@ -34,12 +36,11 @@ pub mod tensorboard;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
-use adamw::{AdamWSettings, HostAdamW};
+use adamw::AdamWSettings;
 
 use crate::checkpoint::{self, CheckpointError, TrainState};
 use crate::config::{ConfigError, JointPath, TrainConfig};
@@ -324,8 +325,9 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     pub cfg: TrainConfig,
     /// The model.
     pub model: TdtModel<B>,
-    /// AdamW (Burn's, in one host pass per parameter on the CPU backends: [`adamw`]).
-    pub optim: OptimizerAdaptor<HostAdamW, TdtModel<B>, B>,
+    /// AdamW (Burn's: in one host pass per parameter on the CPU backends, all parameters at
+    /// once on the device backends; [`optimizer`]).
+    pub optim: optimizer::Optim<B>,
     /// The loss (its call count is part of the run's state).
     pub loss: TdtLoss,
     frontend: MelFrontend<B>,
@@ -393,7 +395,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             weight_decay: o.weight_decay as f32,
         };
         // Where the tensors live on the host (the backends whose joint runs there too).
-        let optim = OptimizerAdaptor::from(HostAdamW::new(settings, B::joint_on_host()));
+        let optim = optimizer::Optim::new(settings, B::joint_on_host());
         let loss = TdtLoss::new(cfg.loss.clone(), cfg.train.seed)?;
         let frontend = MelFrontend::new(&cfg.model.preprocessor, &device);
         Ok(Trainer {
@@ -652,7 +654,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         state: &TrainState,
         keep: usize,
     ) -> Result<PathBuf, CheckpointError> {
-        checkpoint::save(dir, &self.model, self.optim.to_record(), state, keep)
+        checkpoint::save(dir, &self.model, self.optim.to_record(&self.model), state, keep)
     }
 
     /// Restores model, optimizer and counters from a checkpoint whose state is `state`.
@@ -747,28 +749,34 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             grads::drop_grads(&self.model.encoder, &mut g.grads);
         }
         let scale = self.scale();
-        let norm = grads::global_norm(&self.model, &g.grads) / scale;
         let lr = self.lr(g.audio_seconds);
-        let finite = !(g.non_finite || !norm.is_finite() || g.loss.is_nan());
-        let verdict = match &mut self.loss_scale {
-            Some(s) => s.update(finite),
-            None if finite => Verdict::Apply,
-            None => Verdict::NonFinite,
-        };
-        let skip = verdict != Verdict::Apply;
-        match verdict {
-            Verdict::Apply => {
-                let clip = self.cfg.optim.grad_clip;
+        let clip = self.cfg.optim.grad_clip;
+        let (non_finite, loss) = (g.non_finite, g.loss);
+        let loss_scale = &mut self.loss_scale;
+        let mut verdict = Verdict::NonFinite;
+        let decide = |raw: f64| {
+            let norm = raw / scale;
+            let finite = !(non_finite || !norm.is_finite() || loss.is_nan());
+            verdict = match loss_scale {
+                Some(s) => s.update(finite),
+                None if finite => Verdict::Apply,
+                None => Verdict::NonFinite,
+            };
+            (verdict == Verdict::Apply).then(|| {
                 let mut factor = 1.0 / scale;
                 if clip > 0.0 && norm > clip {
                     factor *= clip / norm;
                 }
-                if factor != 1.0 {
-                    grads::scale(&self.model, &mut g.grads, factor);
-                }
-                self.model = self.optim.step(lr, self.model.clone(), g.grads);
-                self.consecutive_skips = 0;
-            }
+                (lr, factor)
+            })
+        };
+        let (model, raw) =
+            self.optim.apply(self.model.clone(), g.grads, &self.device, Box::new(decide));
+        self.model = model;
+        let norm = raw / scale;
+        let skip = verdict != Verdict::Apply;
+        match verdict {
+            Verdict::Apply => self.consecutive_skips = 0,
             Verdict::Backoff => self.skipped += 1,
             Verdict::NonFinite => {
                 self.skipped += 1;
