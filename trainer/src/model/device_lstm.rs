@@ -438,12 +438,12 @@ pub fn on_device<B: Backend>(xin: &Tensor<B, 3>, w_hid: &Tensor<B, 2>) -> Option
     #[cfg(feature = "wgpu")]
     {
         on!(burn::backend::Wgpu);
-        on!(crate::device::FusedWgpu);
+        on!(Fusion<burn::backend::Wgpu>);
     }
     #[cfg(feature = "cuda")]
     {
         on!(burn::backend::Cuda);
-        on!(crate::device::FusedCuda);
+        on!(Fusion<burn::backend::Cuda>);
     }
     None
 }
@@ -498,7 +498,7 @@ mod tests {
     #[test]
     fn matches_the_graph_form_and_its_gradients_on_wgpu_with_and_without_fusion() {
         let plain = against_the_graph_form::<burn::backend::Wgpu>();
-        let fused = against_the_graph_form::<crate::device::FusedWgpu>();
+        let fused = against_the_graph_form::<Fusion<burn::backend::Wgpu>>();
         eprintln!(
             "wgpu: y {:.1e}, dxin {:.1e}, dw {:.1e}; fused: y {:.1e}, dxin {:.1e}, dw {:.1e}",
             plain[0], plain[1], plain[2], fused[0], fused[1], fused[2]
