@@ -770,8 +770,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 (lr, factor)
             })
         };
-        let (model, raw) =
-            self.optim.apply(self.model.clone(), g.grads, &self.device, Box::new(decide));
+        let (model, raw) = self.optim.apply(self.model.clone(), g.grads, &self.device, decide);
         self.model = model;
         let norm = raw / scale;
         let skip = verdict != Verdict::Apply;

@@ -22,10 +22,6 @@ pub enum Optim<B: AutodiffBackend> {
     Flat(FlatAdamW<B>),
 }
 
-/// What [`Optim::apply`] asks of its caller: given the gradients' global norm, the learning rate
-/// and the factor the gradients are multiplied by, or `None` to leave the model as it is.
-pub type Decide<'a> = dyn FnOnce(f64) -> Option<(f64, f64)> + 'a;
-
 impl<B: AutodiffBackend> Optim<B> {
     /// AdamW with `settings`; `host`: the backend keeps its tensors on the host.
     pub fn new(settings: AdamWSettings, host: bool) -> Self {
@@ -36,14 +32,15 @@ impl<B: AutodiffBackend> Optim<B> {
         }
     }
 
-    /// Takes the global norm of `grads`, then, if `decide` gives a learning rate and a factor,
-    /// updates `model` by the gradients times the factor. Returns the model and the norm.
+    /// Takes the global norm of `grads`, then, if `decide` (given the norm) gives a learning rate
+    /// and a factor, updates `model` by the gradients times the factor (`None`: the model stays
+    /// as it is). Returns the model and the norm.
     pub fn apply(
         &mut self,
         model: TdtModel<B>,
         grads: GradientsParams,
         device: &B::Device,
-        decide: Box<Decide<'_>>,
+        decide: impl FnOnce(f64) -> Option<(f64, f64)>,
     ) -> (TdtModel<B>, f64) {
         match self {
             Optim::PerParameter(o) => {
