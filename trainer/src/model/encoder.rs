@@ -19,11 +19,20 @@ const MASK_VALUE: f64 = -10_000.0;
 /// the modules and read by the host form (Burn's `LayerNorm` does not expose it).
 const LAYER_NORM_EPS: f64 = 1e-5;
 
-/// `norm(x)`: one host operation on the CPU backend (`host_layer_norm`), Burn's elsewhere.
+/// `norm(x)`: one host operation on the CPU backend (`host_layer_norm`), one operation on the
+/// CubeCL ones (`device_layer_norm`), Burn's elsewhere.
 fn layer_norm<B: Backend, const D: usize>(norm: &LayerNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
     let beta = norm.beta.as_ref().map(|b| b.val());
-    super::host_layer_norm::on_host(&x, &norm.gamma.val(), beta.as_ref(), LAYER_NORM_EPS)
-        .unwrap_or_else(|| norm.forward(x))
+    let gamma = norm.gamma.val();
+    if let Some(y) = super::host_layer_norm::on_host(&x, &gamma, beta.as_ref(), LAYER_NORM_EPS) {
+        return y;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_layer_norm::on_device(&x, &gamma, beta.as_ref(), LAYER_NORM_EPS)
+    {
+        return y;
+    }
+    norm.forward(x)
 }
 
 /// Output length of one stride-2, kernel-3, padding-1 stage.

@@ -5,7 +5,11 @@ pub mod config;
 pub mod conv;
 pub mod decoder;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_layer_norm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_lstm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_op;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;

@@ -1,0 +1,79 @@
+//! What the trainer's own CubeCL operations (`device_lstm`, `device_layer_norm`) share: the
+//! launch grid, buffers, and a sum over a cube.
+//!
+//! Invariants: a grid is at most 65,535 cubes along x (wgpu's limit) and spills into y; a
+//! kernel finds its unit with [`unit_index`] (one unit per element) or its cube with
+//! [`cube_index`] (one cube per row), and returns at once past its count. Buffers from
+//! [`empty`] are not initialised: the kernel writing them writes every element read later.
+
+use burn::tensor::DType;
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+
+/// Units per cube.
+pub const CUBE: u32 = 256;
+/// wgpu's limit on cubes per dimension.
+const MAX_CUBES_X: usize = 65_535;
+
+/// The grid for `cubes` cubes.
+pub fn cubes(cubes: usize) -> CubeCount {
+    let cubes = cubes.max(1);
+    let x = cubes.min(MAX_CUBES_X);
+    CubeCount::Static(x as u32, cubes.div_ceil(x) as u32, 1)
+}
+
+/// The grid for one unit per element of `units`.
+pub fn grid(units: usize) -> CubeCount {
+    cubes(units.div_ceil(CUBE as usize))
+}
+
+/// The unit's index in the grid of [`grid`].
+#[cube]
+pub fn unit_index() -> u32 {
+    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM + UNIT_POS
+}
+
+/// The cube's index in the grid of [`cubes`].
+#[cube]
+pub fn cube_index() -> u32 {
+    CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X
+}
+
+/// The sum over the cube of one value per unit, by a tree in shared memory of `CUBE` values;
+/// every unit gets it. Every unit of the cube must call it (it waits at barriers).
+#[cube]
+pub fn cube_sum(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
+    let unit = UNIT_POS as usize;
+    shared[unit] = value;
+    sync_cube();
+    let mut stride = (CUBE_DIM / 2) as usize;
+    while stride > 0 {
+        if unit < stride {
+            shared[unit] = shared[unit] + shared[unit + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    let sum = shared[0usize];
+    // No unit may write the memory again (a next sum) before every unit has read it.
+    sync_cube();
+    sum
+}
+
+/// A tensor's primitive as a contiguous CubeCL tensor (no copy when it is one).
+pub fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    burn_cubecl::kernel::into_contiguous(t)
+}
+
+/// A new f32 buffer of `dims`, not initialised (see the module).
+pub fn empty<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    device: &R::Device,
+    dims: Vec<usize>,
+) -> CubeTensor<R> {
+    let n: usize = dims.iter().product();
+    let handle = client.empty(n * std::mem::size_of::<f32>());
+    CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32)
+}
