@@ -6,7 +6,7 @@
 //! shifted views times per-channel weights is exact, fast on every backend and differentiable.
 //! Layout is channels-last: `[B, H, W, C]` and `[B, T, C]`. On NdArray the depthwise ones run
 //! as one host operation each instead ([`super::host_depthwise`]), which the tap form here
-//! checks.
+//! checks; on the CubeCL backends the 1-D one does (`device_depthwise`, checked the same way).
 
 use burn::module::Param;
 use burn::prelude::*;
@@ -176,8 +176,8 @@ impl<B: Backend> Conv3x3S2<B> {
 #[derive(Module, Debug)]
 pub struct DepthwiseConv1d<B: Backend> {
     /// `[K, C]`.
-    weight: Param<Tensor<B, 2>>,
-    bias: Param<Tensor<B, 1>>,
+    pub(crate) weight: Param<Tensor<B, 2>>,
+    pub(crate) bias: Param<Tensor<B, 1>>,
 }
 
 impl<B: Backend> DepthwiseConv1d<B> {
@@ -195,15 +195,20 @@ impl<B: Backend> DepthwiseConv1d<B> {
         let k = self.weight.dims()[0];
         let geometry = Geometry { kernel: [k, 1], stride: [1, 1], padding: [k / 2, 0] };
         let x4 = x.clone().reshaped([b, t, 1, c]);
-        match host_depthwise::on_host(&x4, &self.weight.val(), &self.bias.val(), geometry, None) {
-            Some(out) => out.reshaped([b, t, c]),
-            None => self.taps(x),
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if let Some(out) = host_depthwise::on_host(&x4, &weight, &bias, geometry, None) {
+            return out.reshaped([b, t, c]);
         }
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(out) = super::device_depthwise::on_device(&x, &weight, &bias) {
+            return out;
+        }
+        self.taps(x)
     }
 
-    /// The sum over the taps of shifted views (every backend; the CPU backend runs
-    /// [`host_depthwise`] instead).
-    fn taps(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// The sum over the taps of shifted views (the backends without `host_depthwise` or
+    /// `device_depthwise`; tested against the latter).
+    pub(crate) fn taps(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, t, c] = x.dims();
         let k = self.weight.dims()[0];
         let half = k / 2;

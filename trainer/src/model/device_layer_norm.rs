@@ -34,7 +34,9 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::device_op::{contiguous, cube_index, cube_sum, cubes, empty, grid, unit_index, CUBE};
+use super::device_op::{
+    contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index, CUBE,
+};
 use super::host_depthwise::{cast, float};
 
 /// Rows per partial sum of the scale's and shift's gradients: each unit of that kernel sums one
@@ -376,35 +378,12 @@ pub fn on_device<B: Backend, const D: usize>(
     {
         return None;
     }
-    let id = std::any::TypeId::of::<B>();
-    macro_rules! on {
-        ($t:ty) => {
-            if id == std::any::TypeId::of::<Autodiff<$t>>() {
-                let y = tracked::<$t, D>(
-                    cast(x.clone())?,
-                    cast(gamma.clone())?,
-                    cast(beta.clone())?,
-                    eps,
-                );
-                return cast(y);
-            }
-            if id == std::any::TypeId::of::<$t>() {
-                let y =
-                    bare::<$t, D>(cast(x.clone())?, cast(gamma.clone())?, cast(beta.clone())?, eps);
-                return cast(y);
-            }
-        };
-    }
-    #[cfg(feature = "wgpu")]
-    {
-        on!(burn::backend::Wgpu);
-        on!(Fusion<burn::backend::Wgpu>);
-    }
-    #[cfg(feature = "cuda")]
-    {
-        on!(burn::backend::Cuda);
-        on!(Fusion<burn::backend::Cuda>);
-    }
+    on_cube_types!(
+        B,
+        T,
+        { cast(tracked::<T, D>(cast(x.clone())?, cast(gamma.clone())?, cast(beta.clone())?, eps)) },
+        { cast(bare::<T, D>(cast(x.clone())?, cast(gamma.clone())?, cast(beta.clone())?, eps)) }
+    );
     None
 }
 
@@ -412,17 +391,10 @@ pub fn on_device<B: Backend, const D: usize>(
 #[cfg(feature = "wgpu")]
 mod tests {
     use super::*;
+    use crate::model::device_op::relative_difference as difference;
     use burn::module::Param;
     use burn::nn::LayerNormConfig;
     use burn::tensor::Distribution;
-
-    /// Largest |a - b| relative to the largest |b|.
-    fn difference<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
-        let a = a.into_data().into_vec::<f32>().unwrap();
-        let b = b.into_data().into_vec::<f32>().unwrap();
-        let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
-    }
 
     /// The operation against Burn's `LayerNorm` on the same backend, over rows wider and
     /// narrower than a cube and more rows than one block of the parameters' partial sums: the

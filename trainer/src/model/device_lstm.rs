@@ -34,7 +34,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::device_op::{contiguous, empty, grid, unit_index, CUBE};
+use super::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
 use super::host_depthwise::{cast, float};
 
 #[cube]
@@ -390,28 +390,9 @@ pub fn on_device<B: Backend>(xin: &Tensor<B, 3>, w_hid: &Tensor<B, 2>) -> Option
     if xin.dtype() != DType::F32 || w_hid.dtype() != DType::F32 {
         return None;
     }
-    let id = std::any::TypeId::of::<B>();
-    macro_rules! on {
-        ($t:ty) => {
-            if id == std::any::TypeId::of::<Autodiff<$t>>() {
-                let out = tracked::<$t>(cast(xin.clone())?, cast(w_hid.clone())?);
-                return cast(out);
-            }
-            if id == std::any::TypeId::of::<$t>() {
-                return cast(bare::<$t>(cast(xin.clone())?, cast(w_hid.clone())?));
-            }
-        };
-    }
-    #[cfg(feature = "wgpu")]
-    {
-        on!(burn::backend::Wgpu);
-        on!(Fusion<burn::backend::Wgpu>);
-    }
-    #[cfg(feature = "cuda")]
-    {
-        on!(burn::backend::Cuda);
-        on!(Fusion<burn::backend::Cuda>);
-    }
+    on_cube_types!(B, T, { cast(tracked::<T>(cast(xin.clone())?, cast(w_hid.clone())?)) }, {
+        cast(bare::<T>(cast(xin.clone())?, cast(w_hid.clone())?))
+    });
     None
 }
 
@@ -419,15 +400,8 @@ pub fn on_device<B: Backend>(xin: &Tensor<B, 3>, w_hid: &Tensor<B, 2>) -> Option
 #[cfg(feature = "wgpu")]
 mod tests {
     use super::*;
+    use crate::model::device_op::relative_difference as difference;
     use burn::tensor::Distribution;
-
-    /// Largest |a - b| relative to the largest |b|.
-    fn difference<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
-        let a = a.into_data().into_vec::<f32>().unwrap();
-        let b = b.into_data().into_vec::<f32>().unwrap();
-        let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
-    }
 
     /// The operation against the graph form (`decoder::recurrence`) on the same backend: the
     /// outputs, and the gradients of `xin` and the weight under a weighted sum of the outputs.

@@ -77,3 +77,49 @@ pub fn empty<R: CubeRuntime>(
     let handle = client.empty(n * std::mem::size_of::<f32>());
     CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32)
 }
+
+/// In a function returning `Option`: returns `$tracked` where the backend `$b` is `Autodiff<T>`
+/// and `$bare` where it is `T`, for `T` each of the trainer's CubeCL types (`Wgpu`,
+/// `Fusion<Wgpu>`, `Cuda`, `Fusion<Cuda>`, as the features have them), named `$t` in both;
+/// goes on past it where `$b` is none of them.
+macro_rules! on_cube_types {
+    ($b:ty, $t:ident, $tracked:block, $bare:block) => {
+        #[cfg(feature = "wgpu")]
+        {
+            $crate::model::device_op::on_cube_types!(@one $b, $t, burn::backend::Wgpu, $tracked, $bare);
+            $crate::model::device_op::on_cube_types!(
+                @one $b, $t, burn_fusion::Fusion<burn::backend::Wgpu>, $tracked, $bare
+            );
+        }
+        #[cfg(feature = "cuda")]
+        {
+            $crate::model::device_op::on_cube_types!(@one $b, $t, burn::backend::Cuda, $tracked, $bare);
+            $crate::model::device_op::on_cube_types!(
+                @one $b, $t, burn_fusion::Fusion<burn::backend::Cuda>, $tracked, $bare
+            );
+        }
+    };
+    (@one $b:ty, $t:ident, $ty:ty, $tracked:block, $bare:block) => {{
+        type $t = $ty;
+        let id = std::any::TypeId::of::<$b>();
+        if id == std::any::TypeId::of::<burn::backend::Autodiff<$t>>() {
+            return $tracked;
+        }
+        if id == std::any::TypeId::of::<$t>() {
+            return $bare;
+        }
+    }};
+}
+pub(crate) use on_cube_types;
+
+/// Largest |a - b| relative to the largest |b| (the device operations' tests).
+#[cfg(test)]
+pub fn relative_difference<B: burn::prelude::Backend, const D: usize>(
+    a: burn::tensor::Tensor<B, D>,
+    b: burn::tensor::Tensor<B, D>,
+) -> f32 {
+    let a = a.into_data().into_vec::<f32>().unwrap();
+    let b = b.into_data().into_vec::<f32>().unwrap();
+    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+}

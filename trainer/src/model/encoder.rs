@@ -105,9 +105,27 @@ impl<B: Backend> Subsampling<B> {
     }
 }
 
-/// Swish (SiLU): one host operation on the CPU backend (`host_silu`), Burn's `silu` elsewhere.
+/// Swish (SiLU): one host operation on the CPU backend (`host_silu`), one operation on the
+/// CubeCL ones (`device_gates`), Burn's `silu` elsewhere.
 fn swish<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    super::host_silu::on_host(&x).unwrap_or_else(|| silu(x))
+    if let Some(y) = super::host_silu::on_host(&x) {
+        return y;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_gates::on_device(super::device_gates::Gate::Swish, &x) {
+        return y;
+    }
+    silu(x)
+}
+
+/// The gated linear unit over the last axis: one operation on the CubeCL backends
+/// (`device_gates`), Burn's `glu` elsewhere.
+fn gated<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_gates::on_device(super::device_gates::Gate::Glu, &x) {
+        return y;
+    }
+    glu(x, D - 1)
 }
 
 /// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.
@@ -257,7 +275,7 @@ impl<B: Backend> ConvModule<B> {
 
     /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames).
     fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        let x = glu(p.linear(&self.pointwise1, x), 2) * keep;
+        let x = gated(p.linear(&self.pointwise1, x)) * keep;
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
         // Channels last on the host (`host_batch_norm`); Burn's wants them second.

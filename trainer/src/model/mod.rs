@@ -5,6 +5,10 @@ pub mod config;
 pub mod conv;
 pub mod decoder;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_depthwise;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_gates;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_layer_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_lstm;

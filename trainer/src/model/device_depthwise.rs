@@ -1,0 +1,435 @@
+//! The convolution module's depthwise 1-D convolution (`conv::DepthwiseConv1d`: odd kernel `K`,
+//! stride 1, `same` padding, channels last) as one operation on the CubeCL backends (wgpu,
+//! CUDA; fused or not).
+//!
+//! Its tensor form sums `K` shifted views of a zero-padded copy, each times one row of the
+//! weight: at `K = 9` about forty operations forward, and backward a product, a reduction and a
+//! zero-filled copy per tap for the views and the weight's rows. On lavapipe that was the
+//! largest share of a Conformer layer's launches after the optimizer (bench/RESULTS.md, "A GPU
+//! step's launches cut"), and a GPU step is bound by the host's cost per operation. Here it is
+//! one kernel forward, and backward one kernel for the input's gradient, one for partial sums of
+//! the weight's and bias's gradients over blocks of rows, and Burn's sum over the blocks.
+//!
+//! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
+//! under autodiff, with f32 tensors; `None` elsewhere, and the caller runs the tensor form.
+//! Under fusion the operation resolves its inputs and registers its outputs back, as
+//! `device_lstm` does.
+//!
+//! Invariants: `y[b, t, c] = bias[c] + sum_j w[j, c] x[b, t + j - K/2, c]`, frames outside
+//! `0..T` read as zero (the tensor form's padding); the weight is `[K, C]`. The backward keeps
+//! the input and the weight (shared, not copied).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::prelude::*;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_fusion::{Fusion, FusionBackend};
+
+use super::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
+use super::host_depthwise::{cast, float};
+
+/// Rows (frames of all utterances) per partial sum of the weight's and bias's gradients.
+const ROWS: usize = 32;
+
+/// One unit per element of `y` `[B, T, C]`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn depthwise_forward(
+    x: &Array<f32>,
+    weight: &Array<f32>,
+    bias: &Array<f32>,
+    y: &mut Array<f32>,
+    frames: u32,
+    channels: u32,
+    taps: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let c = pos % channels;
+        let row = pos / channels;
+        let t = row % frames;
+        let first = row - t;
+        let half = taps / 2;
+        let mut acc = bias[c as usize];
+        for j in 0..taps {
+            // Input frame `t + j - half`, in range when `half <= t + j < frames + half`.
+            let s = t + j;
+            if s >= half && s < frames + half {
+                let at = ((first + s - half) * channels + c) as usize;
+                acc += x[at] * weight[(j * channels + c) as usize];
+            }
+        }
+        y[pos as usize] = acc;
+    }
+}
+
+/// One unit per element of `dx` `[B, T, C]`: `dx[b, s, c] = sum_j w[j, c] dy[b, s - j + K/2, c]`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn depthwise_backward_input(
+    dy: &Array<f32>,
+    weight: &Array<f32>,
+    dx: &mut Array<f32>,
+    frames: u32,
+    channels: u32,
+    taps: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let c = pos % channels;
+        let row = pos / channels;
+        let s = row % frames;
+        let first = row - s;
+        let half = taps / 2;
+        let mut acc = 0.0f32;
+        for j in 0..taps {
+            // Output frame `s + half - j`, in range when `j <= s + half < frames + j`.
+            let u = s + half;
+            if u >= j && u < frames + j {
+                let at = ((first + u - j) * channels + c) as usize;
+                acc += dy[at] * weight[(j * channels + c) as usize];
+            }
+        }
+        dx[pos as usize] = acc;
+    }
+}
+
+/// One unit per `(tap or bias, block, channel)`: the weight's gradient of tap `j < K` (`dy`
+/// times the input `j - K/2` frames away) or, at `j = K`, the bias's (`dy`), summed over the
+/// block's rows, to `parts[j, block, channel]` of `[K + 1, blocks, C]`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn depthwise_backward_params(
+    x: &Array<f32>,
+    dy: &Array<f32>,
+    parts: &mut Array<f32>,
+    rows: u32,
+    frames: u32,
+    channels: u32,
+    taps: u32,
+    blocks: u32,
+    block_rows: u32,
+) {
+    let pos = unit_index();
+    if pos < (taps + 1) * blocks * channels {
+        let c = pos % channels;
+        let block = (pos / channels) % blocks;
+        let j = pos / (channels * blocks);
+        let half = taps / 2;
+        let begin = block * block_rows;
+        let end = u32::min(begin + block_rows, rows);
+        let mut acc = 0.0f32;
+        for row in begin..end {
+            let g = dy[(row * channels + c) as usize];
+            if j == taps {
+                acc += g;
+            } else {
+                let t = row % frames;
+                let s = t + j;
+                if s >= half && s < frames + half {
+                    acc += g * x[((row - t + s - half) * channels + c) as usize];
+                }
+            }
+        }
+        parts[pos as usize] = acc;
+    }
+}
+
+/// What the forward keeps for the backward: the input and the weight.
+#[derive(Debug, Clone)]
+pub struct Saved<B: Backend> {
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+}
+
+/// The convolution as one operation (see the module): the backends that have it.
+pub trait DeviceDepthwise: Backend {
+    /// The convolution of `x` `[B, T, C]` with `weight` `[K, C]` and `bias` `[C]`, and what the
+    /// backward needs.
+    fn depthwise_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, Saved<Self>);
+
+    /// The gradients of `x`, the weight and the bias from the output's gradient `dy`.
+    fn depthwise_backward(
+        saved: Saved<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl<R, F, I, BT> DeviceDepthwise for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn depthwise_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, Saved<Self>) {
+        let [b, t, c] = x.shape().dims::<3>();
+        let k = weight.shape().dims::<2>()[0];
+        let (x, weight, bias) = (contiguous(x), contiguous(weight), contiguous(bias));
+        let client = x.client.clone();
+        let y = empty::<R>(&client, &x.device, vec![b, t, c]);
+        let units = b * t * c;
+        // Every index the kernel reads is within `[B, T, C]`, `[K, C]` and `[C]` for the units it
+        // runs (the others return at once); the checked launch bounds every access anyway.
+        depthwise_forward::launch::<R>(
+            &client,
+            grid(units),
+            CubeDim::new_1d(CUBE),
+            x.clone().into_array_arg(),
+            weight.clone().into_array_arg(),
+            bias.into_array_arg(),
+            y.clone().into_array_arg(),
+            t as u32,
+            c as u32,
+            k as u32,
+            units as u32,
+        );
+        (y, Saved { x, weight })
+    }
+
+    fn depthwise_backward(
+        saved: Saved<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let Saved { x, weight } = saved;
+        let [b, t, c] = x.shape().dims::<3>();
+        let k = weight.shape().dims::<2>()[0];
+        let dy = contiguous(dy);
+        let client = dy.client.clone();
+        let device = dy.device.clone();
+        let dx = empty::<R>(&client, &device, vec![b, t, c]);
+        let units = b * t * c;
+        depthwise_backward_input::launch::<R>(
+            &client,
+            grid(units),
+            CubeDim::new_1d(CUBE),
+            dy.clone().into_array_arg(),
+            weight.into_array_arg(),
+            dx.clone().into_array_arg(),
+            t as u32,
+            c as u32,
+            k as u32,
+            units as u32,
+        );
+        let rows = b * t;
+        let blocks = rows.div_ceil(ROWS).max(1);
+        let parts = empty::<R>(&client, &device, vec![k + 1, blocks, c]);
+        // Every unit writes its partial sum (zero for an empty block, only when there are no
+        // rows).
+        depthwise_backward_params::launch::<R>(
+            &client,
+            grid((k + 1) * blocks * c),
+            CubeDim::new_1d(CUBE),
+            x.into_array_arg(),
+            dy.into_array_arg(),
+            parts.clone().into_array_arg(),
+            rows as u32,
+            t as u32,
+            c as u32,
+            k as u32,
+            blocks as u32,
+            ROWS as u32,
+        );
+        let sums = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(parts))
+            .sum_dim(1)
+            .reshape([k + 1, c]);
+        let dw = sums.clone().narrow(0, 0, k).into_primitive().tensor();
+        let db = sums.narrow(0, k, 1).reshape([c]).into_primitive().tensor();
+        (dx, dw, db)
+    }
+}
+
+impl<B> DeviceDepthwise for Fusion<B>
+where
+    B: FusionBackend + DeviceDepthwise,
+{
+    fn depthwise_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, Saved<Self>) {
+        let client = x.client.clone();
+        let resolve = |t| client.resolve_tensor_float::<B>(t);
+        let (y, _) =
+            B::depthwise_forward(resolve(x.clone()), resolve(weight.clone()), resolve(bias));
+        (asr_tdt::fusion::adopt::<B>(&client, y), Saved { x, weight })
+    }
+
+    fn depthwise_backward(
+        saved: Saved<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let client = dy.client.clone();
+        let resolve = |t| client.resolve_tensor_float::<B>(t);
+        let saved = Saved { x: resolve(saved.x), weight: resolve(saved.weight) };
+        let (dx, dw, db) = B::depthwise_backward(saved, resolve(dy));
+        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
+        (adopt(dx), adopt(dw), adopt(db))
+    }
+}
+
+/// The backward step: the gradients of the input, the weight and the bias.
+#[derive(Debug)]
+struct DepthwiseBackward;
+
+impl<B: DeviceDepthwise> Backward<B, 3> for DepthwiseBackward {
+    type State = Saved<B>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [px, pw, pb] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (dx, dw, db) = B::depthwise_backward(ops.state, dy);
+        for (parent, grad) in [(px, dx), (pw, dw), (pb, db)] {
+            if let Some(p) = parent {
+                grads.register::<B>(p.id, grad);
+            }
+        }
+    }
+}
+
+/// The convolution under autodiff: one node with the input, the weight and the bias as parents.
+fn tracked<B: DeviceDepthwise>(
+    x: Tensor<Autodiff<B>, 3>,
+    weight: Tensor<Autodiff<B>, 2>,
+    bias: Tensor<Autodiff<B>, 1>,
+) -> Tensor<Autodiff<B>, 3> {
+    let (x, weight, bias) = (float(x), float(weight), float(bias));
+    let nodes = [x.node.clone(), weight.node.clone(), bias.node.clone()];
+    let (y, saved) = B::depthwise_forward(x.primitive, weight.primitive, bias.primitive);
+    let y = match DepthwiseBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(saved, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// The convolution without autodiff (evaluation).
+fn bare<B: DeviceDepthwise>(
+    x: Tensor<B, 3>,
+    weight: Tensor<B, 2>,
+    bias: Tensor<B, 1>,
+) -> Tensor<B, 3> {
+    let (y, _) = B::depthwise_forward(float(x), float(weight), float(bias));
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// The depthwise convolution of `x` `[B, T, C]` with `weight` `[K, C]` (odd `K`) and `bias`
+/// `[C]` (see the module), as one operation where the backend is one of the trainer's CubeCL
+/// types (bare or under autodiff) and the tensors f32; `None` elsewhere.
+pub fn on_device<B: Backend>(
+    x: &Tensor<B, 3>,
+    weight: &Tensor<B, 2>,
+    bias: &Tensor<B, 1>,
+) -> Option<Tensor<B, 3>> {
+    let [k, c] = weight.dims();
+    if k % 2 == 0
+        || x.dims()[2] != c
+        || bias.dims()[0] != c
+        || [x.dtype(), weight.dtype(), bias.dtype()].iter().any(|d| *d != DType::F32)
+    {
+        return None;
+    }
+    on_cube_types!(
+        B,
+        T,
+        { cast(tracked::<T>(cast(x.clone())?, cast(weight.clone())?, cast(bias.clone())?)) },
+        { cast(bare::<T>(cast(x.clone())?, cast(weight.clone())?, cast(bias.clone())?)) }
+    );
+    None
+}
+
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+mod tests {
+    use super::*;
+    use crate::model::conv::DepthwiseConv1d;
+    use crate::model::device_op::relative_difference as difference;
+    use burn::tensor::Distribution;
+
+    /// The operation against the tensor form (`DepthwiseConv1d::taps`) on the same backend, with
+    /// utterances shorter than the kernel and more rows than one block of the partial sums: the
+    /// outputs, and the gradients of the input, the weight and the bias under a weighted sum of
+    /// the outputs.
+    fn against_the_tensor_form<B: DeviceDepthwise>(frames: usize, taps: usize) -> [f32; 4] {
+        let device = Default::default();
+        B::seed(&device, 5);
+        let (b, c) = (3, 40);
+        let x = Tensor::<B, 3>::random([b, frames, c], Distribution::Normal(0.0, 1.0), &device);
+        let weights =
+            Tensor::<B, 3>::random([b, frames, c], Distribution::Normal(0.0, 1.0), &device);
+        type A<B> = Autodiff<B>;
+        let conv = DepthwiseConv1d::<A<B>>::new(c, taps, &device);
+        let run = |device_form: bool| {
+            let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
+            let (w, bias) = (conv.weight.val(), conv.bias.val());
+            let out = if device_form {
+                tracked::<B>(xa.clone(), w.clone(), bias.clone())
+            } else {
+                conv.taps(xa.clone())
+            };
+            let loss = (out.clone() * Tensor::from_inner(weights.clone())).sum();
+            let grads = loss.backward();
+            let (dw, db) = (w.grad(&grads).unwrap(), bias.grad(&grads).unwrap());
+            (out.inner(), xa.grad(&grads).unwrap(), dw, db)
+        };
+        let (y, dx, dw, db) = run(true);
+        let (y0, dx0, dw0, db0) = run(false);
+        let bare_y = bare::<B>(x, conv.weight.val().inner(), conv.bias.val().inner());
+        assert_eq!(
+            bare_y.into_data().into_vec::<f32>().unwrap(),
+            y.clone().into_data().into_vec::<f32>().unwrap()
+        );
+        [difference(y, y0), difference(dx, dx0), difference(dw, dw0), difference(db, db0)]
+    }
+
+    #[test]
+    fn matches_the_tensor_form_and_its_gradients_on_wgpu_with_and_without_fusion() {
+        let cases = [
+            ("wgpu, 50 frames, 9 taps", against_the_tensor_form::<burn::backend::Wgpu>(50, 9)),
+            ("wgpu, 4 frames, 9 taps", against_the_tensor_form::<burn::backend::Wgpu>(4, 9)),
+            ("wgpu, 50 frames, 1 tap", against_the_tensor_form::<burn::backend::Wgpu>(50, 1)),
+            (
+                "fused wgpu, 50 frames, 9 taps",
+                against_the_tensor_form::<Fusion<burn::backend::Wgpu>>(50, 9),
+            ),
+        ];
+        for (name, d) in &cases {
+            eprintln!("{name}: y {:.1e}, dx {:.1e}, dw {:.1e}, db {:.1e}", d[0], d[1], d[2], d[3]);
+        }
+        // Measured: at 50 frames and 9 taps (fused or not) 1.3e-7, 1.6e-7, 2.2e-7, 1.8e-7; at 4
+        // frames 8.1e-8, 9.2e-8, 9.0e-8, 5.4e-8; at 1 tap 0, 0, 1.7e-7, 1.8e-7 (f32 sums in
+        // another order). Bounds: 5x the largest.
+        for (name, d) in cases {
+            for (what, v, bound) in [
+                ("output", d[0], 6.5e-7),
+                ("input gradient", d[1], 8e-7),
+                ("weight gradient", d[2], 1.1e-6),
+                ("bias gradient", d[3], 9e-7),
+            ] {
+                assert!(v <= bound, "{name}: {what} differs by {v:.2e} (bound {bound:.1e})");
+            }
+        }
+    }
+}
