@@ -6,13 +6,14 @@
 #
 #   bash bench/launches.sh ASRT LAYERS STEPS          prints the launch count
 #   TOK=40 bash bench/launches.sh ...                 utterances of up to 40 target tokens (20)
+#   KERNELS=FILE bash bench/launches.sh ...           also writes the launches by kernel name
 #
 # The run: `asrt train --device wgpu --fusion off` on 8 synthetic utterances of 5-6 s, 12 s of
 # audio per step, the 0.6B preset's structure at a small width (launches do not depend on
 # width). Needs make-synthetic-corpus beside ASRT (a workspace build) and a Vulkan driver
 # (lavapipe will do).
 set -euo pipefail
-[ $# -eq 3 ] || { sed -n '2,13p' "$0"; exit 2; }
+[ $# -eq 3 ] || { sed -n '2,14p' "$0"; exit 2; }
 bin=$1 layers=$2 steps=$3 tok=${TOK:-20}
 work=$(mktemp -d "${TMPDIR:-/tmp}/launches.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -24,3 +25,7 @@ XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}" CUBECL_DEBUG_LOG="$work/cl.log" CUBE
   "$bin" train "$work/c.asrcorpus" --config "$work/cfg.toml" --out "$work/run" --device wgpu \
   --fusion off --max-steps "$steps" --quiet > "$work/out.log" 2>&1 || { tail -n 5 "$work/out.log" >&2; exit 1; }
 grep -c '^| ' "$work/cl.log"
+if [ -n "${KERNELS:-}" ]; then
+  # The kernel's name without its generic arguments.
+  grep '^| ' "$work/cl.log" | sed -e 's/^| [^|]*| *//' -e 's/<.*//' | sort | uniq -c | sort -rn > "$KERNELS"
+fi

@@ -19,10 +19,6 @@
 //! `0..T` read as zero (the tensor form's padding); the weight is `[K, C]`. The backward keeps
 //! the input and the weight (shared, not copied).
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -32,7 +28,9 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
+use super::device_op::{
+    self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
+};
 use super::host_depthwise::{cast, float};
 
 /// Rows (frames of all utterances) per partial sum of the weight's and bias's gradients.
@@ -285,27 +283,22 @@ where
     }
 }
 
-/// The backward step: the gradients of the input, the weight and the bias.
-#[derive(Debug)]
-struct DepthwiseBackward;
+/// The convolution as a [`DeviceOp`] of the input, the weight and the bias.
+#[derive(Debug, Clone, Copy)]
+struct Depthwise;
 
-impl<B: DeviceDepthwise> Backward<B, 3> for DepthwiseBackward {
-    type State = Saved<B>;
+impl<B: DeviceDepthwise> DeviceBackward<B, 3> for Depthwise {
+    type Saved = Saved<B>;
 
-    fn backward(
-        self,
-        ops: Ops<Self::State, 3>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [px, pw, pb] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (dx, dw, db) = B::depthwise_backward(ops.state, dy);
-        for (parent, grad) in [(px, dx), (pw, dw), (pb, db)] {
-            if let Some(p) = parent {
-                grads.register::<B>(p.id, grad);
-            }
-        }
+    fn backward(&self, saved: Saved<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
+        let (dx, dw, db) = B::depthwise_backward(saved, dy);
+        [dx, dw, db]
+    }
+}
+
+impl<B: DeviceDepthwise> DeviceOp<B, 3> for Depthwise {
+    fn forward(&self, [x, weight, bias]: [FloatTensor<B>; 3]) -> (FloatTensor<B>, Saved<B>) {
+        B::depthwise_forward(x, weight, bias)
     }
 }
 
@@ -315,13 +308,7 @@ fn tracked<B: DeviceDepthwise>(
     weight: Tensor<Autodiff<B>, 2>,
     bias: Tensor<Autodiff<B>, 1>,
 ) -> Tensor<Autodiff<B>, 3> {
-    let (x, weight, bias) = (float(x), float(weight), float(bias));
-    let nodes = [x.node.clone(), weight.node.clone(), bias.node.clone()];
-    let (y, saved) = B::depthwise_forward(x.primitive, weight.primitive, bias.primitive);
-    let y = match DepthwiseBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish(saved, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let y = device_op::tracked(Depthwise, [float(x), float(weight), float(bias)]);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

@@ -17,10 +17,6 @@
 //! the gate (Burn's and PyTorch's order), over the last axis; the backward keeps the input
 //! (shared, not copied).
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -30,7 +26,9 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
+use super::device_op::{
+    self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
+};
 use super::host_depthwise::{cast, float};
 
 #[cube]
@@ -183,24 +181,18 @@ where
     }
 }
 
-/// The backward step: the input's gradient.
-#[derive(Debug)]
-struct GateBackward(Gate);
+/// A gate as a [`DeviceOp`] of its input, which it keeps (shared, not copied).
+impl<B: DeviceGates> DeviceBackward<B, 1> for Gate {
+    type Saved = FloatTensor<B>;
 
-impl<B: DeviceGates> Backward<B, 1> for GateBackward {
-    type State = FloatTensor<B>;
+    fn backward(&self, x: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
+        [B::gate_backward(*self, x, dy)]
+    }
+}
 
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [px] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        if let Some(p) = px {
-            grads.register::<B>(p.id, B::gate_backward(self.0, ops.state, dy));
-        }
+impl<B: DeviceGates> DeviceOp<B, 1> for Gate {
+    fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
+        (B::gate_forward(*self, x.clone()), x)
     }
 }
 
@@ -209,17 +201,7 @@ fn tracked<B: DeviceGates, const D: usize>(
     gate: Gate,
     x: Tensor<Autodiff<B>, D>,
 ) -> Tensor<Autodiff<B>, D> {
-    let x = float(x);
-    let y = B::gate_forward(gate, x.primitive.clone());
-    let y = match GateBackward(gate)
-        .prepare::<NoCheckpointing>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(x.primitive, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
-    Tensor::from_primitive(TensorPrimitive::Float(y))
+    Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(gate, [float(x)])))
 }
 
 /// The operation without autodiff (evaluation).

@@ -21,10 +21,6 @@
 //! reciprocal deviation for the backward, which reads the input again rather than keeping the
 //! normalised values (one tensor of the input's size less held per normalisation).
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -35,7 +31,8 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_fusion::{Fusion, FusionBackend};
 
 use super::device_op::{
-    contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index, CUBE,
+    self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
+    DeviceBackward, DeviceOp, CUBE,
 };
 use super::host_depthwise::{cast, float};
 
@@ -308,27 +305,24 @@ where
     }
 }
 
-/// The backward step: the gradients of the input, the scale and the shift.
-#[derive(Debug)]
-struct LayerNormBackward;
+/// The normalisation with its `eps`, as a [`DeviceOp`] of the input, the scale and the shift.
+#[derive(Debug, Clone, Copy)]
+struct LayerNorm {
+    eps: f64,
+}
 
-impl<B: DeviceLayerNorm> Backward<B, 3> for LayerNormBackward {
-    type State = Saved<B>;
+impl<B: DeviceLayerNorm> DeviceBackward<B, 3> for LayerNorm {
+    type Saved = Saved<B>;
 
-    fn backward(
-        self,
-        ops: Ops<Self::State, 3>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [px, pg, pb] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (dx, d_gamma, d_beta) = B::layer_norm_backward(ops.state, dy);
-        for (parent, grad) in [(px, dx), (pg, d_gamma), (pb, d_beta)] {
-            if let Some(p) = parent {
-                grads.register::<B>(p.id, grad);
-            }
-        }
+    fn backward(&self, saved: Saved<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
+        let (dx, d_gamma, d_beta) = B::layer_norm_backward(saved, dy);
+        [dx, d_gamma, d_beta]
+    }
+}
+
+impl<B: DeviceLayerNorm> DeviceOp<B, 3> for LayerNorm {
+    fn forward(&self, [x, gamma, beta]: [FloatTensor<B>; 3]) -> (FloatTensor<B>, Saved<B>) {
+        B::layer_norm_forward(x, gamma, beta, self.eps)
     }
 }
 
@@ -340,13 +334,7 @@ fn tracked<B: DeviceLayerNorm, const D: usize>(
     beta: Tensor<Autodiff<B>, 1>,
     eps: f64,
 ) -> Tensor<Autodiff<B>, D> {
-    let (x, gamma, beta) = (float(x), float(gamma), float(beta));
-    let nodes = [x.node.clone(), gamma.node.clone(), beta.node.clone()];
-    let (y, saved) = B::layer_norm_forward(x.primitive, gamma.primitive, beta.primitive, eps);
-    let y = match LayerNormBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish(saved, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let y = device_op::tracked(LayerNorm { eps }, [float(x), float(gamma), float(beta)]);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

@@ -20,10 +20,6 @@
 //! starts at zero; `xin` holds both biases, so the operation's parameters are `xin` and the
 //! hidden weight, and their gradients are the graph form's (tested against it on wgpu).
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -34,7 +30,9 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
+use super::device_op::{
+    self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
+};
 use super::host_depthwise::{cast, float};
 
 #[cube]
@@ -335,28 +333,22 @@ where
     }
 }
 
-/// The backward step: the gradients of `xin` and of the hidden weight from the outputs'.
-#[derive(Debug)]
-struct RecurrenceBackward;
+/// The recurrence as a [`DeviceOp`] of `xin` and the hidden weight.
+#[derive(Debug, Clone, Copy)]
+struct Recurrence;
 
-impl<B: DeviceRecurrence> Backward<B, 2> for RecurrenceBackward {
-    type State = Saved<B>;
+impl<B: DeviceRecurrence> DeviceBackward<B, 2> for Recurrence {
+    type Saved = Saved<B>;
 
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [px, pw] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (dxin, dw) = B::recurrence_backward(ops.state, dy);
-        if let Some(p) = px {
-            grads.register::<B>(p.id, dxin);
-        }
-        if let Some(p) = pw {
-            grads.register::<B>(p.id, dw);
-        }
+    fn backward(&self, saved: Saved<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
+        let (dxin, dw) = B::recurrence_backward(saved, dy);
+        [dxin, dw]
+    }
+}
+
+impl<B: DeviceRecurrence> DeviceOp<B, 2> for Recurrence {
+    fn forward(&self, [xin, w]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, Saved<B>) {
+        B::recurrence_forward(xin, w)
     }
 }
 
@@ -365,15 +357,10 @@ fn tracked<B: DeviceRecurrence>(
     xin: Tensor<Autodiff<B>, 3>,
     w: Tensor<Autodiff<B>, 2>,
 ) -> Tensor<Autodiff<B>, 3> {
-    let (xin, w) = (float(xin), float(w));
-    let nodes = [xin.node.clone(), w.node.clone()];
-    let (out, saved) = B::recurrence_forward(xin.primitive, w.primitive);
-    let out = match RecurrenceBackward.prepare::<NoCheckpointing>(nodes).compute_bound().stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(saved, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(
+        Recurrence,
+        [float(xin), float(w)],
+    )))
 }
 
 /// The recurrence without autodiff (evaluation).

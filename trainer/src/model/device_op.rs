@@ -1,11 +1,22 @@
-//! What the trainer's own CubeCL operations (`device_lstm`, `device_layer_norm`) share: the
-//! launch grid, buffers, and a sum over a cube.
+//! What the trainer's own CubeCL operations (`device_lstm`, `device_layer_norm`,
+//! `device_depthwise`, `device_gates`) share: the launch grid, buffers, a sum over a cube, the
+//! dispatch on the backend type, and the autodiff node ([`DeviceOp`], [`tracked`]).
 //!
 //! Invariants: a grid is at most 65,535 cubes along x (wgpu's limit) and spills into y; a
 //! kernel finds its unit with [`unit_index`] (one unit per element) or its cube with
 //! [`cube_index`] (one cube per row), and returns at once past its count. Buffers from
 //! [`empty`] are not initialised: the kernel writing them writes every element read later.
+//! Under autodiff each operation is one node whose parents are its inputs, in order.
 
+use std::fmt::Debug;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::prelude::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::DType;
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -111,6 +122,69 @@ macro_rules! on_cube_types {
     }};
 }
 pub(crate) use on_cube_types;
+
+/// The backward of one of the device operations on the inner backend `B` with `N` float
+/// inputs: the inputs' gradients from the output's.
+pub trait DeviceBackward<B: Backend, const N: usize>: Debug + Send + 'static {
+    /// What the forward keeps for the backward.
+    type Saved: Clone + Debug + Send + 'static;
+
+    /// The inputs' gradients, in the inputs' order, from the output's gradient `dy`.
+    fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; N];
+}
+
+/// One of the device operations whose forward is a function of its inputs alone.
+pub trait DeviceOp<B: Backend, const N: usize>: DeviceBackward<B, N> {
+    /// The output, and what the backward needs.
+    fn forward(&self, inputs: [FloatTensor<B>; N]) -> (FloatTensor<B>, Self::Saved);
+}
+
+/// The backward step of `O`: each tracked input's gradient.
+#[derive(Debug)]
+struct OpBackward<O>(O);
+
+impl<B: Backend, O: DeviceBackward<B, N>, const N: usize> Backward<B, N> for OpBackward<O> {
+    type State = O::Saved;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, N>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let dy = grads.consume::<B>(&ops.node);
+        let inputs = self.0.backward(ops.state, dy);
+        for (parent, grad) in ops.parents.into_iter().zip(inputs) {
+            if let Some(p) = parent {
+                grads.register::<B>(p.id, grad);
+            }
+        }
+    }
+}
+
+/// `op`'s output `y` under autodiff: one node with `inputs` as parents, in order, keeping
+/// `saved` only where one of them is tracked.
+pub fn node<B: Backend, O: DeviceBackward<B, N>, const N: usize>(
+    op: O,
+    inputs: &[FloatTensor<Autodiff<B>>; N],
+    y: FloatTensor<B>,
+    saved: O::Saved,
+) -> FloatTensor<Autodiff<B>> {
+    let parents = inputs.each_ref().map(|t| t.node.clone());
+    match OpBackward(op).prepare::<NoCheckpointing>(parents).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(saved, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    }
+}
+
+/// `op` under autodiff: its forward, and one node with the inputs as parents.
+pub fn tracked<B: Backend, O: DeviceOp<B, N>, const N: usize>(
+    op: O,
+    inputs: [FloatTensor<Autodiff<B>>; N],
+) -> FloatTensor<Autodiff<B>> {
+    let (y, saved) = op.forward(inputs.each_ref().map(|t| t.primitive.clone()));
+    node(op, &inputs, y, saved)
+}
 
 /// Largest |a - b| relative to the largest |b| (the device operations' tests).
 #[cfg(test)]

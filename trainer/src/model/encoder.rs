@@ -128,6 +128,20 @@ fn gated<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     glu(x, D - 1)
 }
 
+/// `norm` over the channels-last `x` `[B, T, C]`: in training one host operation on the CPU
+/// backend (`host_batch_norm`) and one operation on the CubeCL ones (`device_batch_norm`);
+/// elsewhere Burn's `BatchNorm`, which wants the channels second.
+fn batch_norm<B: Backend>(norm: &BatchNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    if let Some(y) = super::host_batch_norm::train_on_host(norm, &x) {
+        return y;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_batch_norm::train_on_device(norm, &x) {
+        return y;
+    }
+    norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2)
+}
+
 /// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.
 fn time_mask<B: Backend>(lens: &[usize], t: usize, device: &B::Device) -> Tensor<B, 4> {
     super::mask::keep::<B>(lens, t, device).reshape([lens.len(), t, 1, 1])
@@ -214,9 +228,17 @@ impl<B: Backend> RelPositionAttention<B> {
 
 /// Transformer-XL's relative shift: scores against positions `T-1 .. -(T-1)` `[.., T, 2T-1]`
 /// become scores against key positions `[.., T, T]` (query i, key j uses position i - j). One
-/// host operation on the CPU backend (`host_rel_shift`), the tensor form elsewhere.
+/// host operation on the CPU backend (`host_rel_shift`), one operation on the CubeCL ones
+/// (`device_rel_shift`), the tensor form elsewhere.
 fn rel_shift<B: Backend>(x: Tensor<B, 4>, t: usize) -> Tensor<B, 4> {
-    super::host_rel_shift::on_host(&x).unwrap_or_else(|| rel_shift_tensor_form(x, t))
+    if let Some(y) = super::host_rel_shift::on_host(&x) {
+        return y;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_rel_shift::on_device(&x) {
+        return y;
+    }
+    rel_shift_tensor_form(x, t)
 }
 
 /// [`rel_shift`] from tensor operations: a zero column prepended, the rows re-cut one longer,
@@ -278,11 +300,7 @@ impl<B: Backend> ConvModule<B> {
         let x = gated(p.linear(&self.pointwise1, x)) * keep;
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
-        // Channels last on the host (`host_batch_norm`); Burn's wants them second.
-        let x = match super::host_batch_norm::train_on_host(&self.norm, &x) {
-            Some(y) => y,
-            None => self.norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2),
-        };
+        let x = batch_norm(&self.norm, x);
         let x = swish(x);
         p.linear(&self.pointwise2, x)
     }

@@ -5,6 +5,8 @@ pub mod config;
 pub mod conv;
 pub mod decoder;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_batch_norm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_depthwise;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_gates;
@@ -14,6 +16,8 @@ pub mod device_layer_norm;
 pub mod device_lstm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_op;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_rel_shift;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;

@@ -6,7 +6,8 @@
 //! spends about fifteen operations on AdamW, and the global norm two more and a read to the host
 //! (a synchronisation), the clipping one: half of a Conformer layer's launches, counted on
 //! lavapipe. [`FlatAdamW`] keeps both moments as one flat tensor each, lays a step's gradients
-//! and parameters out the same way (one copy per parameter each), takes the norm in one
+//! and parameters out the same way (on the CubeCL backends one launch per group of up to 32
+//! tensors, `device_layout`; elsewhere one copy per parameter each), takes the norm in one
 //! reduction and one read, and runs Burn's own `AdamW` once over the flat tensors; the new
 //! parameters are views of its result (narrowed and reshaped), without a copy where they sit
 //! on CubeCL's alignment ([`ALIGN`]).
@@ -156,8 +157,9 @@ fn end(slots: &[Slot]) -> usize {
     slots.last().map_or(0, |s| (s.start + s.len).next_multiple_of(ALIGN))
 }
 
-/// Tensors placed at their offsets in `len` elements, zeros elsewhere: one fill and one copy
-/// each, none for a single tensor that fills them.
+/// Tensors placed at their offsets in `len` elements, zeros elsewhere: none for a single tensor
+/// that fills them, one launch per group of them on the CubeCL backends (`device_layout`), else
+/// one fill and one copy each.
 fn laid<I: Backend>(
     mut parts: Vec<(usize, Tensor<I, 1>)>,
     len: usize,
@@ -165,6 +167,10 @@ fn laid<I: Backend>(
 ) -> Tensor<I, 1> {
     if parts.len() == 1 && parts[0].0 == 0 && parts[0].1.dims()[0] == len {
         return parts.remove(0).1;
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(flat) = super::device_layout::on_device(&parts, len) {
+        return flat;
     }
     parts.into_iter().fold(Tensor::zeros([len], device), |out, (at, p)| {
         let n = p.dims()[0];

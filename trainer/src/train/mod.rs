@@ -20,6 +20,8 @@
 
 pub mod adamw;
 pub mod collective;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_layout;
 pub mod flat_adamw;
 pub mod fused;
 pub mod grads;

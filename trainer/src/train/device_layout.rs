@@ -1,0 +1,219 @@
+//! Tensors laid out in one flat tensor, as one launch per group of them on the CubeCL backends
+//! (wgpu, CUDA; fused or not): `flat_adamw`'s gradients and parameters, each step.
+//!
+//! In Burn's form a layout is a zero fill and one slice assignment (a launch) per tensor: at the
+//! 0.6B preset about 900 launches for the gradients and as many for the parameters each step,
+//! and on lavapipe 74 of a Conformer layer's 384 (bench/RESULTS.md, "Fewer launches per
+//! Conformer layer"). A GPU step is bound by the host's cost per launch. Here one kernel reads a
+//! group of up to [`GROUP`] tensors (a `Sequence` of arrays, one binding each) and writes its
+//! span of the flat tensor, zeros included: one launch per group and no fill.
+//!
+//! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare,
+//! with f32 tensors; `None` elsewhere, and the caller lays out in Burn's form. Under fusion the
+//! operation resolves its inputs and registers its output back.
+//!
+//! Invariants: the parts are flat, in increasing order of their offsets, and do not overlap or
+//! pass the end; element `e` of the result is part `k`'s element `e - at_k` where a part covers
+//! it, else zero. Each group's launch writes `[its first offset (0 for the first), the next
+//! group's first offset (the end for the last))`, so the launches write every element once.
+//! A group has as many tensors as the device binds less three (the output, the scalars and one
+//! spare), at most [`GROUP`]: wgpu's limit on storage buffers per shader can be as low as 8.
+
+use burn::prelude::*;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_fusion::{Fusion, FusionBackend};
+
+use crate::model::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
+use crate::model::host_depthwise::{cast, float};
+
+/// Most tensors one launch reads. Each distinct group size is its own compiled kernel; with
+/// 32, the 0.6B preset's ~900 gradients take about 30 launches.
+pub const GROUP: usize = 32;
+
+/// One unit per element of `out[lo .. lo + units]`: the part that covers it, or zero.
+#[cube(launch)]
+pub fn lay_out_group(
+    parts: &Sequence<Array<f32>>,
+    starts: &Sequence<u32>,
+    lens: &Sequence<u32>,
+    out: &mut Array<f32>,
+    lo: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let e = lo + pos;
+        let mut value = 0.0f32;
+        let count = parts.len().comptime();
+        #[unroll]
+        for k in 0..count {
+            let start = starts[k];
+            // The part's own length, not its array's: a view's binding may reach further.
+            if e >= start && e < start + lens[k] {
+                let part = &parts[k];
+                value = part[(e - start) as usize];
+            }
+        }
+        out[e as usize] = value;
+    }
+}
+
+/// The layout as one operation per group (see the module): the backends that have it.
+pub trait DeviceLayout: Backend {
+    /// `parts` (flat f32 tensors with their offsets, see the module) in a new flat tensor of
+    /// `len` elements, zeros elsewhere.
+    fn lay_out(parts: Vec<(usize, FloatTensor<Self>)>, len: usize) -> FloatTensor<Self>;
+}
+
+impl<R, F, I, BT> DeviceLayout for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn lay_out(parts: Vec<(usize, FloatTensor<Self>)>, len: usize) -> FloatTensor<Self> {
+        let parts: Vec<_> = parts.into_iter().map(|(at, t)| (at, contiguous(t))).collect();
+        let Some((_, first)) = parts.first() else {
+            unreachable!("`on_device` lays out at least one tensor")
+        };
+        let (client, device) = (first.client.clone(), first.device.clone());
+        let out = empty::<R>(&client, &device, vec![len]);
+        let bindings = client.properties().hardware.max_bindings as usize;
+        let group = GROUP.min(bindings.saturating_sub(3)).max(1);
+        let groups: Vec<_> = parts.chunks(group).collect();
+        for (g, members) in groups.iter().enumerate() {
+            let lo = if g == 0 { 0 } else { members[0].0 };
+            let hi = groups.get(g + 1).map_or(len, |next| next[0].0);
+            let units = hi - lo;
+            if units == 0 {
+                continue;
+            }
+            let arrays: SequenceArg<R, Array<f32>> =
+                members.iter().map(|(_, t)| t.clone().into_array_arg()).collect();
+            let starts: SequenceArg<R, u32> = members.iter().map(|(at, _)| *at as u32).collect();
+            let lens: SequenceArg<R, u32> =
+                members.iter().map(|(_, t)| t.shape().num_elements() as u32).collect();
+            // Each unit writes one element of `[lo, hi)` and reads a part only where the part
+            // covers it; the checked launch bounds every access anyway.
+            lay_out_group::launch::<R>(
+                &client,
+                grid(units),
+                CubeDim::new_1d(CUBE),
+                arrays,
+                starts,
+                lens,
+                out.clone().into_array_arg(),
+                lo as u32,
+                units as u32,
+            );
+        }
+        out
+    }
+}
+
+impl<B> DeviceLayout for Fusion<B>
+where
+    B: FusionBackend + DeviceLayout,
+{
+    fn lay_out(parts: Vec<(usize, FloatTensor<Self>)>, len: usize) -> FloatTensor<Self> {
+        let Some((_, first)) = parts.first() else {
+            unreachable!("`on_device` lays out at least one tensor")
+        };
+        let client = first.client.clone();
+        let parts =
+            parts.into_iter().map(|(at, t)| (at, client.resolve_tensor_float::<B>(t))).collect();
+        asr_tdt::fusion::adopt::<B>(&client, B::lay_out(parts, len))
+    }
+}
+
+/// The layout on the device.
+fn bare<B: DeviceLayout>(parts: Vec<(usize, Tensor<B, 1>)>, len: usize) -> Tensor<B, 1> {
+    let parts = parts.into_iter().map(|(at, t)| (at, float(t))).collect();
+    Tensor::from_primitive(TensorPrimitive::Float(B::lay_out(parts, len)))
+}
+
+/// `parts` placed at their offsets in a flat tensor of `len` elements, zeros elsewhere (see the
+/// module for what the parts must be), as one launch per group where the backend is one of the
+/// trainer's CubeCL types (bare), the tensors f32 and at least one not empty, and the offsets fit
+/// the kernel's 32-bit indices; `None` elsewhere.
+pub fn on_device<B: Backend>(parts: &[(usize, Tensor<B, 1>)], len: usize) -> Option<Tensor<B, 1>> {
+    // An empty part adds nothing, and an empty buffer is not a valid binding on every device.
+    let parts: Vec<_> = parts.iter().filter(|(_, t)| t.dims()[0] > 0).cloned().collect();
+    if parts.is_empty()
+        || u32::try_from(len).is_err()
+        || parts.iter().any(|(_, t)| t.dtype() != DType::F32)
+        || parts.windows(2).any(|w| w[0].0 + w[0].1.dims()[0] > w[1].0)
+        || parts.last().is_some_and(|(at, t)| at + t.dims()[0] > len)
+    {
+        return None;
+    }
+    on_cube_types!(B, T, { None }, {
+        let parts = parts
+            .iter()
+            .map(|(at, t)| Some((*at, cast::<_, Tensor<T, 1>>(t.clone())?)))
+            .collect::<Option<Vec<_>>>()?;
+        cast(bare::<T>(parts, len))
+    });
+    None
+}
+
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+mod tests {
+    use super::*;
+
+    /// The layout against Burn's form (a zero fill and a slice assignment per part) on the same
+    /// backend: more parts than a group, gaps before, between and after them, an empty part,
+    /// views inside longer tensors, and a group boundary inside a gap. The two must agree bit for bit (it only moves values).
+    fn against_burn<B: DeviceLayout>() {
+        let device = Default::default();
+        let sizes = [5usize, 300, 0, 128, 1, 77, 256, 3, 40, 9];
+        let mut parts = Vec::new();
+        let mut at = 7;
+        for (k, &n) in sizes.iter().cycle().take(3 * GROUP + 5).enumerate() {
+            // Every third part a view inside a longer tensor, as the parameters are views of
+            // the last step's flat result.
+            let (pad, tail) = if k % 3 == 0 && n > 0 { (4, 9) } else { (0, 0) };
+            let values: Vec<f32> =
+                (0..pad + n + tail).map(|i| (k * 1000 + i) as f32 + 0.5).collect();
+            let mut t = Tensor::<B, 1>::from_floats(values.as_slice(), &device);
+            if pad > 0 {
+                t = t.narrow(0, pad, n);
+            }
+            parts.push((at, t));
+            at += n + k % 3;
+        }
+        let len = at + 11;
+        let ours = on_device(&parts, len).expect("wgpu takes the device layout");
+        let theirs = parts
+            .iter()
+            .filter(|(_, p)| p.dims()[0] > 0)
+            .fold(Tensor::<B, 1>::zeros([len], &device), |out, (at, p)| {
+                out.slice_assign(*at..*at + p.dims()[0], p.clone())
+            });
+        assert_eq!(ours.into_data().into_vec::<f32>().unwrap(), {
+            theirs.into_data().into_vec::<f32>().unwrap()
+        });
+    }
+
+    #[test]
+    fn lays_tensors_out_as_burn_s_slice_assignments_do_on_wgpu_with_and_without_fusion() {
+        against_burn::<burn::backend::Wgpu>();
+        against_burn::<burn_fusion::Fusion<burn::backend::Wgpu>>();
+    }
+
+    #[test]
+    fn refuses_parts_that_overlap_or_pass_the_end() {
+        type B = burn::backend::Wgpu;
+        let device = Default::default();
+        let t = || Tensor::<B, 1>::ones([4], &device);
+        assert!(on_device(&[(0, t()), (3, t())], 8).is_none());
+        assert!(on_device(&[(5, t())], 8).is_none());
+        assert!(on_device::<B>(&[], 8).is_none());
+    }
+}
