@@ -24,8 +24,11 @@ printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nn_layers = %s\nd_model = 
 XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}" CUBECL_DEBUG_LOG="$work/cl.log" CUBECL_DEBUG_OPTION=profile-full \
   "$bin" train "$work/c.asrcorpus" --config "$work/cfg.toml" --out "$work/run" --device wgpu \
   --fusion off --max-steps "$steps" --quiet > "$work/out.log" 2>&1 || { tail -n 5 "$work/out.log" >&2; exit 1; }
-grep -c '^| ' "$work/cl.log"
+# One line `| DURATION | KERNEL` per launch; the profile's summary tables, printed now and then,
+# have rows that start with `| ` too but end with `|`.
+grep '^| ' "$work/cl.log" | grep -v '|[[:space:]]*$' > "$work/launches.log" || true
+wc -l < "$work/launches.log"
 if [ -n "${KERNELS:-}" ]; then
   # The kernel's name without its generic arguments.
-  grep '^| ' "$work/cl.log" | sed -e 's/^| [^|]*| *//' -e 's/<.*//' | sort | uniq -c | sort -rn > "$KERNELS"
+  sed -e 's/^| [^|]*| *//' -e 's/<.*//' "$work/launches.log" | sort | uniq -c | sort -rn > "$KERNELS"
 fi
