@@ -6,7 +6,8 @@
 //! shifted views times per-channel weights is exact, fast on every backend and differentiable.
 //! Layout is channels-last: `[B, H, W, C]` and `[B, T, C]`. On NdArray the depthwise ones run
 //! as one host operation each instead ([`super::host_depthwise`]), which the tap form here
-//! checks; on the CubeCL backends the 1-D one does (`device_depthwise`, checked the same way).
+//! checks; on the CubeCL backends each is one operation (`device_depthwise`, `device_strided`,
+//! checked the same way).
 
 use burn::module::Param;
 use burn::prelude::*;
@@ -107,11 +108,37 @@ impl<B: Backend> Conv3x3S2<B> {
     /// `[B, H, W, 1 or C]` to `[B, ceil(H/2), ceil(W/2), C]`.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let geometry = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
-        match host_depthwise::on_host(&x, &self.weight.val(), &self.bias.val(), geometry, None) {
-            Some(out) => out,
-            None if x.dims()[3] == 1 => self.one_channel(pad_even(pad_even(x, 1), 2)),
-            None => self.depthwise_taps(x),
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if let Some(out) = host_depthwise::on_host(&x, &weight, &bias, geometry, None) {
+            return out;
         }
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(out) = super::device_strided::on_device(&x, &weight, &bias) {
+            return out;
+        }
+        self.tap_form(x)
+    }
+
+    /// The tensor forms (the backends without `host_depthwise` or `device_strided`; tested
+    /// against the latter).
+    pub(crate) fn tap_form(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        if x.dims()[3] == 1 {
+            self.one_channel(pad_even(pad_even(x, 1), 2))
+        } else {
+            self.depthwise_taps(x)
+        }
+    }
+
+    /// The weight `[9, C]` (tap `3 r + k`, channel).
+    #[cfg(test)]
+    pub(crate) fn weight(&self) -> Tensor<B, 2> {
+        self.weight.val()
+    }
+
+    /// The bias `[C]`.
+    #[cfg(test)]
+    pub(crate) fn bias(&self) -> Tensor<B, 1> {
+        self.bias.val()
     }
 
     /// `relu(forward(x))` with each item's output rows from `rows[b]` on zeroed (a subsampling

@@ -245,11 +245,7 @@ where
             blocks as u32,
             ROWS as u32,
         );
-        let sums = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(parts))
-            .sum_dim(1)
-            .reshape([k + 1, c]);
-        let dw = sums.clone().narrow(0, 0, k).into_primitive().tensor();
-        let db = sums.narrow(0, k, 1).reshape([c]).into_primitive().tensor();
+        let (dw, db) = device_op::weight_and_bias_sums::<Self>(parts, k, c);
         (dx, dw, db)
     }
 }

@@ -1,6 +1,6 @@
-//! What the trainer's own CubeCL operations (`device_lstm`, `device_layer_norm`,
-//! `device_depthwise`, `device_gates`) share: the launch grid, buffers, a sum over a cube, the
-//! dispatch on the backend type, and the autodiff node ([`DeviceOp`], [`tracked`]).
+//! What the trainer's own CubeCL operations (`device_lstm`, `device_layer_norm`, and the other
+//! `device_*` modules of `model`) share: the launch grid, buffers, a sum and a maximum over a
+//! cube, the dispatch on the backend type, and the autodiff node ([`DeviceOp`], [`tracked`]).
 //!
 //! Invariants: a grid is at most 65,535 cubes along x (wgpu's limit) and spills into y; a
 //! kernel finds its unit with [`unit_index`] (one unit per element) or its cube with
@@ -17,7 +17,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::prelude::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::DType;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
@@ -56,21 +56,40 @@ pub fn cube_index() -> u32 {
 /// every unit gets it. Every unit of the cube must call it (it waits at barriers).
 #[cube]
 pub fn cube_sum(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
+    cube_tree(shared, value, false)
+}
+
+/// The largest over the cube of one value per unit, as [`cube_sum`].
+#[cube]
+pub fn cube_max(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
+    cube_tree(shared, value, true)
+}
+
+/// [`cube_max`] when `is_max`, else [`cube_sum`].
+#[cube]
+fn cube_tree(shared: &mut SharedMemory<f32>, value: f32, #[comptime] is_max: bool) -> f32 {
     let unit = UNIT_POS as usize;
     shared[unit] = value;
     sync_cube();
     let mut stride = (CUBE_DIM / 2) as usize;
     while stride > 0 {
         if unit < stride {
-            shared[unit] = shared[unit] + shared[unit + stride];
+            let other = shared[unit + stride];
+            if is_max {
+                if other > shared[unit] {
+                    shared[unit] = other;
+                }
+            } else {
+                shared[unit] = shared[unit] + other;
+            }
         }
         sync_cube();
         stride /= 2;
     }
-    let sum = shared[0usize];
-    // No unit may write the memory again (a next sum) before every unit has read it.
+    let result = shared[0usize];
+    // No unit may write the memory again (a next reduction) before every unit has read it.
     sync_cube();
-    sum
+    result
 }
 
 /// A tensor's primitive as a contiguous CubeCL tensor (no copy when it is one).
@@ -87,6 +106,21 @@ pub fn empty<R: CubeRuntime>(
     let n: usize = dims.iter().product();
     let handle = client.empty(n * std::mem::size_of::<f32>());
     CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32)
+}
+
+/// The gradients of a weight `[taps, C]` and a bias `[C]` from partial sums over blocks of rows
+/// `[taps + 1, blocks, C]` (the bias's last), summed over the blocks by Burn.
+pub fn weight_and_bias_sums<B: Backend>(
+    parts: FloatTensor<B>,
+    taps: usize,
+    channels: usize,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let sums = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(parts))
+        .sum_dim(1)
+        .reshape([taps + 1, channels]);
+    let dw = sums.clone().narrow(0, 0, taps).into_primitive().tensor();
+    let db = sums.narrow(0, taps, 1).reshape([channels]).into_primitive().tensor();
+    (dw, db)
 }
 
 /// In a function returning `Option`: returns `$tracked` where the backend `$b` is `Autodiff<T>`
@@ -192,6 +226,7 @@ pub fn relative_difference<B: burn::prelude::Backend, const D: usize>(
     a: burn::tensor::Tensor<B, D>,
     b: burn::tensor::Tensor<B, D>,
 ) -> f32 {
+    assert_eq!(a.dims(), b.dims(), "the tensors compared differ in shape");
     let a = a.into_data().into_vec::<f32>().unwrap();
     let b = b.into_data().into_vec::<f32>().unwrap();
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));

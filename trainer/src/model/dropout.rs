@@ -1,23 +1,30 @@
-//! Dropout whose keep-mask is a pure function of one drawn seed and each element's index.
+//! Dropout whose keep-mask is a pure function of one seed and each element's index.
 //!
 //! Burn's `Dropout` draws a Bernoulli tensor from the backend's generator and multiplies twice
 //! (by the draws, then by `1 / keep`). On NdArray the draw is one ChaCha sample and one
 //! `Bernoulli::new` per element, in sequence on the calling thread: 8.5 % of that thread's
 //! samples in a 0.6B-width release step (bench/RESULTS.md, "Release builds against PyTorch").
+//! On a GPU it is five launches (the draw, two products forward, two backward) and a kept mask
+//! the size of the input, eight times per Conformer layer.
 //!
-//! Here, on the CPU training backend (`Autodiff<NdArray>`), one seed is drawn from the backend's
-//! generator per call (so the mask stays a function of the micro-batch's seed, as before) and
-//! the mask is a counter-based hash of (seed, element index), filled over rayon's pool, already
-//! holding `0` or `1 / keep`: one product forward and one backward. On every other backend
-//! Burn's own draw runs on the device (a host mask would cross the bus).
+//! Here each call takes one seed from the calling thread's dropout stream (reseeded per
+//! micro-batch with the backend, [`seed_stream`]), and element `i` is kept by a counter-based
+//! hash of (seed, `i`) ([`Rule`]). On the CPU training backend (`Autodiff<NdArray>`) the mask is
+//! filled over rayon's pool, already holding `0` or `1 / keep`: one product forward and one
+//! backward. On the trainer's CubeCL backends with f32 inputs (`device_dropout`) one kernel
+//! computes the hash and the product forward and the same kernel backward: nothing is kept
+//! between them. Elsewhere (other backends, other types) Burn's own draw runs.
 //!
 //! Invariants:
 //! - identity when autodiff is off (evaluation) or `prob == 0`;
-//! - element `i` is kept exactly when the 32-bit word `i` of the hash stream is below
-//!   `round(keep * 2^32)`: the mask is the same bits at any thread count;
-//! - kept elements are scaled by `1 / keep`, so the expectation is the input.
+//! - element `i` is kept exactly when [`word`]`(seed, i)` is below [`Rule::threshold`]: the
+//!   mask is the same bits at any thread count and on the CPU and the CubeCL backends;
+//! - kept elements are multiplied by `1 / keep` (as f32), so the expectation is the input;
+//! - a thread's seeds are a function of the stream's seed and the calls since: ranks that are
+//!   threads of one process do not take each other's draws.
 
 use std::any::TypeId;
+use std::cell::Cell;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::prelude::*;
@@ -26,6 +33,26 @@ use rayon::prelude::*;
 
 /// Elements per parallel task at least: large enough that a task outweighs its scheduling.
 const CHUNK: usize = 1 << 15;
+
+thread_local! {
+    /// The thread's dropout stream: its seed, and the dropout calls since it was seeded.
+    static STREAM: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// Reseeds the calling thread's dropout stream (with the backend's generator, per
+/// micro-batch: `model::seed_backend`).
+pub fn seed_stream(seed: u64) {
+    STREAM.with(|s| s.set((seed, 0)));
+}
+
+/// The next dropout call's seed on this thread.
+fn next_seed() -> u64 {
+    STREAM.with(|s| {
+        let (seed, calls) = s.get();
+        s.set((seed, calls + 1));
+        splitmix64(seed, calls)
+    })
+}
 
 /// Zeroes each element with probability `prob` and scales the rest by `1 / (1 - prob)`, in
 /// training only. `prob` lies in `[0, 1)` (the model configuration checks it).
@@ -48,48 +75,85 @@ impl Dropout {
             return x;
         }
         let keep = 1.0 - self.prob;
-        if TypeId::of::<B>() != TypeId::of::<Autodiff<NdArray>>() {
-            return x.clone().random_like(Distribution::Bernoulli(keep)) * x / keep;
+        let rule = Rule::new(next_seed(), keep);
+        if TypeId::of::<B>() == TypeId::of::<Autodiff<NdArray>>() {
+            let shape = x.shape();
+            let mask = rule.mask(shape.num_elements());
+            return x * Tensor::from_data(TensorData::new(mask, shape), &device);
         }
-        let seed = draw_seed::<B>(&device);
-        let shape = x.shape();
-        let mask = mask(seed, keep, shape.num_elements());
-        x * Tensor::from_data(TensorData::new(mask, shape), &device)
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(y) = super::device_dropout::on_device(&x, rule) {
+            return y;
+        }
+        x.clone().random_like(Distribution::Bernoulli(keep)) * x / keep
     }
 }
 
-/// One 64-bit seed from the backend's generator (two draws of 32 bits).
-fn draw_seed<B: Backend>(device: &B::Device) -> u64 {
-    let words =
-        Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, 4_294_967_296.0), device)
-            .into_data();
-    words.iter::<i64>().fold(0u64, |seed, w| (seed << 32) | (w as u64 & 0xffff_ffff))
+/// Which elements one dropout call keeps, and their factor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rule {
+    /// The call's seed.
+    pub seed: u64,
+    /// Element `i` is kept when `word(seed, i) < threshold`: `round(keep * 2^32)`, at most
+    /// `2^32 - 1` (so a keep within `2^-33` of 1 keeps a share `2^-32` short of it).
+    pub threshold: u32,
+    /// The kept elements' factor, `1 / keep` as f32.
+    pub scale: f32,
 }
 
-/// The mask of `n` elements for `seed`: `1 / keep` where kept, else `0`.
-pub fn mask(seed: u64, keep: f64, n: usize) -> Vec<f32> {
-    // Kept when the word is below the threshold: probability threshold / 2^32, exact to 2^-32.
-    let threshold = (keep * 4_294_967_296.0).round().clamp(0.0, 4_294_967_296.0) as u64;
-    let scale = (1.0 / keep) as f32;
-    // Collected in place over the pool (no zeroing pass on the calling thread). Each element
-    // computes its pair's hash: twice the hashing, a few nanoseconds, and no shared state.
-    (0..n)
-        .into_par_iter()
-        .with_min_len(CHUNK)
-        .map(|i| {
-            let h = splitmix64(seed, (i / 2) as u64);
-            let word = if i % 2 == 0 { h & 0xffff_ffff } else { h >> 32 };
-            if word < threshold {
-                scale
-            } else {
-                0.0
-            }
-        })
-        .collect()
+impl Rule {
+    /// The rule for `seed` keeping a share `keep` in `(0, 1]`.
+    pub fn new(seed: u64, keep: f64) -> Self {
+        let threshold = (keep * 4_294_967_296.0).round().clamp(0.0, u32::MAX as f64) as u32;
+        Rule { seed, threshold, scale: (1.0 / keep) as f32 }
+    }
+
+    /// Whether element `i` is kept.
+    pub fn keeps(&self, i: u64) -> bool {
+        word(self.seed, i) < self.threshold
+    }
+
+    /// The mask of `n` elements: `scale` where kept, else `0`.
+    pub fn mask(&self, n: usize) -> Vec<f32> {
+        // Collected in place over the pool (no zeroing pass on the calling thread).
+        (0..n)
+            .into_par_iter()
+            .with_min_len(CHUNK)
+            .map(|i| if self.keeps(i as u64) { self.scale } else { 0.0 })
+            .collect()
+    }
+}
+
+/// The two 32-bit keys of `seed`: its low half, and its high half xor the low half's hash (so
+/// two seeds sharing a high half do not give masks that are permutations of each other).
+pub fn keys(seed: u64) -> [u32; 2] {
+    let low = seed as u32;
+    [low, (seed >> 32) as u32 ^ lowbias32(low)]
+}
+
+/// Element `i`'s 32-bit word for `seed`: two rounds of [`lowbias32`] keyed by [`keys`]. Below
+/// `2^32` elements the index's high half is zero and `lowbias32(0) = 0`, so the word is
+/// `lowbias32(lowbias32(i ^ k0) ^ k1)`: what `device_dropout`'s kernel computes in 32-bit
+/// arithmetic (WGSL has no 64-bit integers).
+pub fn word(seed: u64, i: u64) -> u32 {
+    let [k0, k1] = keys(seed);
+    let high = lowbias32((i >> 32) as u32);
+    lowbias32(lowbias32(i as u32 ^ k0) ^ k1 ^ high)
+}
+
+/// A 32-bit integer hash (Wellons, "Prospecting for Hash Functions", 2018: `lowbias32`), a
+/// bijection with `lowbias32(0) = 0`.
+pub fn lowbias32(x: u32) -> u32 {
+    let mut x = x;
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
 }
 
 /// Output `index` of the SplitMix64 sequence started at `seed` (Steele, Lea and Flood, 2014):
-/// a counter-based generator, so any element's word is computed without its predecessors.
+/// a stream's seeds, each computed without its predecessors.
 fn splitmix64(seed: u64, index: u64) -> u64 {
     let mut z = seed.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -112,18 +176,24 @@ mod tests {
     fn the_mask_keeps_the_asked_share_independently_of_neighbours_and_of_other_seeds() {
         let n = 1 << 20;
         for keep in [0.9, 0.5, 0.2] {
-            let a = mask(17, keep, n);
-            let b = mask(18, keep, n);
-            let kept = |m: &[f32], i: usize| m[i] != 0.0;
-            let count = (0..n).filter(|&i| kept(&a, i)).count();
-            // Adjacent words come from one hash (pairs) or two (across pairs): both must be
-            // independent, as must the same element under the next seed.
-            let pairs = (0..n - 1).filter(|&i| kept(&a, i) && kept(&a, i + 1)).count();
-            let across = (0..n).filter(|&i| kept(&a, i) && kept(&b, i)).count();
-            // A binomial count lies beyond 5 standard deviations with probability 6e-7.
-            assert!(deviations(count, n, keep) < 5.0, "keep {keep}: {count} of {n} kept");
-            assert!(deviations(pairs, n - 1, keep * keep) < 5.0, "keep {keep}: {pairs} pairs");
-            assert!(deviations(across, n, keep * keep) < 5.0, "keep {keep}: {across} across");
+            // Seeds one apart (sharing a high half), and a high half alone changed.
+            let a = Rule::new(17, keep).mask(n);
+            for other in [18, 17 | (1 << 32)] {
+                let b = Rule::new(other, keep).mask(n);
+                let kept = |m: &[f32], i: usize| m[i] != 0.0;
+                let count = (0..n).filter(|&i| kept(&a, i)).count();
+                // Neighbours and elements a stride apart must be independent, as must the same
+                // element under another seed.
+                let pairs = (0..n - 1).filter(|&i| kept(&a, i) && kept(&a, i + 1)).count();
+                let strided = (0..n - 64).filter(|&i| kept(&a, i) && kept(&a, i + 64)).count();
+                let across = (0..n).filter(|&i| kept(&a, i) && kept(&b, i)).count();
+                // A binomial count lies beyond 5 standard deviations with probability 6e-7.
+                let kk = keep * keep;
+                assert!(deviations(count, n, keep) < 5.0, "keep {keep}: {count} of {n} kept");
+                assert!(deviations(pairs, n - 1, kk) < 5.0, "keep {keep}: {pairs} pairs");
+                assert!(deviations(strided, n - 64, kk) < 5.0, "keep {keep}: {strided} strided");
+                assert!(deviations(across, n, kk) < 5.0, "keep {keep}: {across} across {other}");
+            }
             let scale = (1.0 / keep) as f32;
             assert!(a.iter().all(|&v| v == 0.0 || v == scale));
         }
@@ -132,20 +202,44 @@ mod tests {
     #[test]
     fn the_mask_is_the_same_at_any_thread_count_and_a_serial_recount() {
         let n = 3 * CHUNK + 5;
-        let parallel = mask(99, 0.7, n);
+        let rule = Rule::new(99, 0.7);
+        let parallel = rule.mask(n);
         let single = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .expect("a one-thread pool")
-            .install(|| mask(99, 0.7, n));
+            .install(|| rule.mask(n));
         assert_eq!(parallel, single);
-        // The same rule written element by element, without chunks.
+        // The same rule written out element by element, in 64-bit arithmetic.
         let threshold = (0.7f64 * 4_294_967_296.0).round() as u64;
         for (i, v) in parallel.iter().enumerate() {
-            let h = splitmix64(99, (i / 2) as u64);
-            let word = if i % 2 == 0 { h & 0xffff_ffff } else { h >> 32 };
+            let h = |x: u64| u64::from(lowbias32(x as u32));
+            let word = h(h(i as u64 ^ 99) ^ h(99));
             assert_eq!(*v != 0.0, word < threshold, "element {i}");
         }
+    }
+
+    #[test]
+    fn the_hash_is_the_published_lowbias32_and_the_word_folds_in_the_index_s_high_half() {
+        // Reference values of Wellons's lowbias32 (computed from its published definition in
+        // 64-bit arithmetic, masked to 32 bits).
+        let reference = |x: u64| {
+            let mask = 0xffff_ffffu64;
+            let mut x = x;
+            x ^= x >> 16;
+            x = (x * 0x7feb_352d) & mask;
+            x ^= x >> 15;
+            x = (x * 0x846c_a68b) & mask;
+            (x ^ (x >> 16)) as u32
+        };
+        for x in [0u32, 1, 2, 0xdead_beef, u32::MAX, 1 << 31] {
+            assert_eq!(lowbias32(x), reference(u64::from(x)), "{x:#x}");
+        }
+        assert_eq!(lowbias32(0), 0);
+        // Indices past 2^32 do not repeat the first 2^32.
+        let seed = 0x0123_4567_89ab_cdef;
+        let repeats = (0..4096u64).filter(|&i| word(seed, i) == word(seed, i + (1 << 32))).count();
+        assert!(repeats <= 1, "{repeats} of 4096 words repeat 2^32 elements on");
     }
 
     #[test]
@@ -155,12 +249,12 @@ mod tests {
         let values: Vec<f32> = (0..4096).map(|i| 1.0 + (i % 7) as f32).collect();
         let x = Tensor::<Train, 2>::from_data(TensorData::new(values.clone(), [64, 64]), &device)
             .require_grad();
-        // Drawn under the lock that seeding takes: other tests draw from the same generator.
-        let (y, second, third) = crate::model::draw_seeded::<Train, _>(&device, 5, || {
-            (dropout.forward(x.clone()), dropout.forward(x.clone()), dropout.forward(x.clone()))
-        });
-        let repeat =
-            crate::model::draw_seeded::<Train, _>(&device, 5, || dropout.forward(x.clone()));
+        // The stream is the thread's own: no lock needed against other tests.
+        seed_stream(5);
+        let (y, second, third) =
+            (dropout.forward(x.clone()), dropout.forward(x.clone()), dropout.forward(x.clone()));
+        seed_stream(5);
+        let repeat = dropout.forward(x.clone());
         let out: Vec<f32> = y.clone().into_data().to_vec().expect("f32 output");
         let grads = (y * 3.0).sum().backward();
         let gx: Vec<f32> = x.grad(&grads).expect("a gradient").into_data().to_vec().expect("f32");
@@ -181,6 +275,17 @@ mod tests {
         let (second, third) = (values_of(second), values_of(third));
         assert_ne!(second, out);
         assert_ne!(third, second);
+        // The first call's mask is the rule of the stream's first seed.
+        let rule = Rule::new(splitmix64(5, 0), 0.75);
+        let expected: Vec<f32> = values.iter().zip(rule.mask(4096)).map(|(v, m)| v * m).collect();
+        assert_eq!(out, expected);
+        // Another thread's stream is its own: seeding it leaves this one where it was.
+        seed_stream(5);
+        let _ = dropout.forward(x.clone());
+        std::thread::scope(|s| {
+            s.spawn(|| seed_stream(77));
+        });
+        assert_eq!(values_of(dropout.forward(x.clone())), second);
         // Without autodiff (evaluation) and at probability 0 the input passes through.
         let bare =
             Tensor::<NdArray, 2>::from_data(TensorData::new(values.clone(), [64, 64]), &device);

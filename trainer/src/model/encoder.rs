@@ -194,12 +194,14 @@ impl<B: Backend> RelPositionAttention<B> {
         }
     }
 
-    /// `x` `[B, T, d]`, `pos` `[1, 2T-1, d]`, `pad` `[B, 1, 1, T]` (true on padded keys).
+    /// `x` `[B, T, d]`, `pos` `[1, 2T-1, d]`, `pad` `[B, 1, 1, T]` (true on padded keys), `keep`
+    /// `[B, T, 1]` (1 on valid frames, the same mask).
     fn forward(
         &self,
         x: Tensor<B, 3>,
         pos: Tensor<B, 3>,
         pad: Tensor<B, 4, Bool>,
+        keep: &Tensor<B, 3>,
         p: Precision,
     ) -> Tensor<B, 3> {
         let [b, t, d] = x.dims();
@@ -215,15 +217,48 @@ impl<B: Backend> RelPositionAttention<B> {
         let q_v = (q + w).swap_dims(1, 2);
         // The scores come back in f32: the mask and the softmax run there.
         let ac = p.matmul(q_u, k.swap_dims(2, 3)); // [B, H, T, T]
-        let bd = rel_shift(p.matmul(q_v, r.swap_dims(2, 3)), t); // [B, H, T, T]
-        let scores = (ac + bd).div_scalar((dk as f64).sqrt());
-        let pad = pad.expand([b, h, t, t]);
-        let scores = scores.mask_fill(pad.clone(), MASK_VALUE);
-        let attn = softmax(scores, 3).mask_fill(pad, 0.0);
+        let bd = p.matmul(q_v, r.swap_dims(2, 3)); // [B, H, T, 2T-1]
+        let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt());
         let attn = self.dropout.forward(attn);
         let ctx = p.matmul(attn, v).swap_dims(1, 2).reshape([b, t, d]);
         p.linear(&self.out, ctx)
     }
+}
+
+/// The attention's weights `[B, H, T, T]` from the content scores `ac` `[B, H, T, T]` and the
+/// position scores `bd` `[B, H, T, 2T-1]`: the softmax over the valid keys of the shifted sum
+/// divided by `divisor`, zero on padded keys (`pad` `[B, 1, 1, T]`, true on them; `keep`
+/// `[B, T, 1]`, 1 elsewhere). One operation on the CubeCL backends (`device_attention`), the
+/// tensor form elsewhere.
+fn attention_weights<B: Backend>(
+    ac: Tensor<B, 4>,
+    bd: Tensor<B, 4>,
+    pad: Tensor<B, 4, Bool>,
+    keep: &Tensor<B, 3>,
+    divisor: f64,
+) -> Tensor<B, 4> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(w) = super::device_attention::on_device(&ac, &bd, keep, divisor) {
+        return w;
+    }
+    // Without the CubeCL operation `keep` is unused: the tensor form masks with `pad`.
+    let _ = keep;
+    attention_weights_tensor_form(ac, bd, pad, divisor)
+}
+
+/// [`attention_weights`] from tensor operations: NeMo's form (the padded keys' scores filled
+/// with -10000 before the softmax, the weights zeroed there after it).
+pub(super) fn attention_weights_tensor_form<B: Backend>(
+    ac: Tensor<B, 4>,
+    bd: Tensor<B, 4>,
+    pad: Tensor<B, 4, Bool>,
+    divisor: f64,
+) -> Tensor<B, 4> {
+    let [b, h, t, _] = ac.dims();
+    let scores = (ac + rel_shift(bd, t)).div_scalar(divisor);
+    let pad = pad.expand([b, h, t, t]);
+    let scores = scores.mask_fill(pad.clone(), MASK_VALUE);
+    softmax(scores, 3).mask_fill(pad, 0.0)
 }
 
 /// Transformer-XL's relative shift: scores against positions `T-1 .. -(T-1)` `[.., T, 2T-1]`
@@ -351,8 +386,8 @@ impl<B: Backend> ConformerLayer<B> {
                 .dropout
                 .forward(self.ff1.forward(layer_norm(&self.norm_ff1, x), p))
                 .mul_scalar(0.5);
-        let x = x.clone()
-            + self.dropout.forward(self.att.forward(layer_norm(&self.norm_att, x), pos, pad, p));
+        let att = self.att.forward(layer_norm(&self.norm_att, x.clone()), pos, pad, &keep, p);
+        let x = x + self.dropout.forward(att);
         let x = x.clone()
             + self.dropout.forward(self.conv.forward(layer_norm(&self.norm_conv, x), keep, p));
         let x = x.clone()

@@ -5,9 +5,13 @@ pub mod config;
 pub mod conv;
 pub mod decoder;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_attention;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_batch_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_depthwise;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_gates;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -18,6 +22,8 @@ pub mod device_lstm;
 pub mod device_op;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_rel_shift;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_strided;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;
@@ -60,9 +66,11 @@ pub struct TdtModel<B: Backend> {
 /// reseeded: Burn's backend generator is global to the process.
 static BACKEND_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Seeds the backend's process-global generator (for dropout) without landing between another
-/// thread's seeding and drawing of a model's initial weights.
+/// Seeds the calling thread's dropout stream ([`dropout::seed_stream`]) and the backend's
+/// process-global generator (Burn's draws, where dropout falls back to them), the latter
+/// without landing between another thread's seeding and drawing of a model's initial weights.
 pub fn seed_backend<B: Backend>(device: &B::Device, seed: u64) {
+    dropout::seed_stream(seed);
     let _guard = BACKEND_RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     B::seed(device, seed);
 }
