@@ -33,7 +33,12 @@ pub mod fusion;
 pub mod greedy;
 pub mod joint;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+// `#[cube]` generates an undocumented expansion module beside each function, and `cube_reduce`
+// is reachable from outside.
+#[allow(missing_docs)]
 mod kernels;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use kernels::cube_reduce;
 pub mod op;
 
 use serde::{Deserialize, Serialize};

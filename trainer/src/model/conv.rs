@@ -32,8 +32,8 @@ fn uniform<B: Backend, const D: usize>(
 #[derive(Module, Debug)]
 pub struct Conv3x3S2<B: Backend> {
     /// `[9, C]`: tap (row-major over the 3x3 kernel), channel.
-    weight: Param<Tensor<B, 2>>,
-    bias: Param<Tensor<B, 1>>,
+    pub(crate) weight: Param<Tensor<B, 2>>,
+    pub(crate) bias: Param<Tensor<B, 1>>,
 }
 
 /// Rows `2i + d` for `d` in {-1, 0, 1} of a dimension of even length `2n`, as an `n`-long view
@@ -127,18 +127,6 @@ impl<B: Backend> Conv3x3S2<B> {
         } else {
             self.depthwise_taps(x)
         }
-    }
-
-    /// The weight `[9, C]` (tap `3 r + k`, channel).
-    #[cfg(test)]
-    pub(crate) fn weight(&self) -> Tensor<B, 2> {
-        self.weight.val()
-    }
-
-    /// The bias `[C]`.
-    #[cfg(test)]
-    pub(crate) fn bias(&self) -> Tensor<B, 1> {
-        self.bias.val()
     }
 
     /// `relu(forward(x))` with each item's output rows from `rows[b]` on zeroed (a subsampling

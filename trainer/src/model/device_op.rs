@@ -56,40 +56,13 @@ pub fn cube_index() -> u32 {
 /// every unit gets it. Every unit of the cube must call it (it waits at barriers).
 #[cube]
 pub fn cube_sum(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
-    cube_tree(shared, value, false)
+    asr_tdt::cube_reduce(shared, value, false)
 }
 
 /// The largest over the cube of one value per unit, as [`cube_sum`].
 #[cube]
 pub fn cube_max(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
-    cube_tree(shared, value, true)
-}
-
-/// [`cube_max`] when `is_max`, else [`cube_sum`].
-#[cube]
-fn cube_tree(shared: &mut SharedMemory<f32>, value: f32, #[comptime] is_max: bool) -> f32 {
-    let unit = UNIT_POS as usize;
-    shared[unit] = value;
-    sync_cube();
-    let mut stride = (CUBE_DIM / 2) as usize;
-    while stride > 0 {
-        if unit < stride {
-            let other = shared[unit + stride];
-            if is_max {
-                if other > shared[unit] {
-                    shared[unit] = other;
-                }
-            } else {
-                shared[unit] = shared[unit] + other;
-            }
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    let result = shared[0usize];
-    // No unit may write the memory again (a next reduction) before every unit has read it.
-    sync_cube();
-    result
+    asr_tdt::cube_reduce(shared, value, true)
 }
 
 /// A tensor's primitive as a contiguous CubeCL tensor (no copy when it is one).

@@ -440,7 +440,7 @@ mod tests {
         let conv = Conv3x3S2::<A<B>>::new(c, &device);
         let run = |device_form: bool| {
             let xa = Tensor::<A<B>, 4>::from_inner(x.clone()).require_grad();
-            let (wt, bias) = (conv.weight(), conv.bias());
+            let (wt, bias) = (conv.weight.val(), conv.bias.val());
             // An intermediate input (the second stage's), not a leaf: its gradient must flow on.
             let xin = xa.clone().mul_scalar(1.0);
             let y = if device_form {
@@ -456,14 +456,14 @@ mod tests {
         let (y0, dx0, dw0, db0) = run(false);
         // Without an input gradient (the spectrogram's case) the parameters' are the same bits.
         let xa = Tensor::<A<B>, 4>::from_inner(x.clone());
-        let (wt, bias) = (conv.weight(), conv.bias());
+        let (wt, bias) = (conv.weight.val(), conv.bias.val());
         let out = tracked::<B>(xa, wt.clone(), bias.clone());
         let grads = (out * Tensor::from_inner(weights.clone())).sum().backward();
         let values = |t: Tensor<B, 2>| t.into_data().into_vec::<f32>().unwrap();
         assert_eq!(values(wt.grad(&grads).unwrap()), values(dw.clone()));
         let db_alone = bias.grad(&grads).unwrap().into_data().into_vec::<f32>().unwrap();
         assert_eq!(db_alone, db.clone().into_data().into_vec::<f32>().unwrap());
-        let bare_y = bare::<B>(x, conv.weight().inner(), conv.bias().inner());
+        let bare_y = bare::<B>(x, conv.weight.val().inner(), conv.bias.val().inner());
         assert_eq!(
             bare_y.into_data().into_vec::<f32>().unwrap(),
             y.clone().into_data().into_vec::<f32>().unwrap()
