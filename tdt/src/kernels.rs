@@ -78,8 +78,8 @@ fn cube_row() -> usize {
 }
 
 /// Tree reduction (max when `is_max`, else sum) of one value per unit over the cube; every
-/// unit gets the result. `block` is the cube size, a power of two. Also the trainer's device
-/// operations' sums and maxima (`asr_trainer::model::device_op`).
+/// unit gets the result. `block` is the cube size, a power of two. Public so that other
+/// crates' kernels reduce over a cube the same way.
 #[cube]
 pub fn cube_reduce(smem: &mut SharedMemory<f32>, value: f32, #[comptime] is_max: bool) -> f32 {
     let tid = UNIT_POS as usize;
