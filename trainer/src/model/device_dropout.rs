@@ -7,7 +7,10 @@
 //! runs eight dropouts, and a GPU step is bound by the host's cost per launch
 //! (bench/RESULTS.md). Here the mask is never stored: one kernel hashes each element's index
 //! with the call's seed ([`dropout::word`]) and multiplies, forward; the same kernel on the
-//! output's gradient is the backward.
+//! output's gradient is the backward. A residual connection through a dropout
+//! (`x + factor * dropout(f)`, [`dropout::Dropout::residual`]) is one kernel too, forward
+//! (`residual_apply`, the factor folded into the rule's scale); its backward passes the
+//! output's gradient to `x` as it is and runs `dropout_apply` on it for `f`.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`) under
 //! autodiff (dropout is the identity without it), with f32 tensors of fewer than `2^32`
@@ -16,7 +19,9 @@
 //! Invariants: element `i` (in the tensor's logical row-major order) of the output is
 //! `x[i] * m` with `m` the rule's scale where [`Rule::keeps`]`(i)` and `0` elsewhere: the CPU
 //! backend's mask for the same seed, bit for bit; the backward is the same product on the
-//! gradient and keeps only the rule (two words and two scalars).
+//! gradient and keeps only the rule (two words and two scalars). The residual's output is
+//! `x[i] + f[i] * m`, one product and one sum (a target may contract them into one fused
+//! multiply-add, as NVRTC does by default: then within an ulp of the CPU's sum).
 
 use burn::backend::Autodiff;
 use burn::prelude::*;
@@ -44,8 +49,19 @@ fn lowbias32(x: u32) -> u32 {
     x ^ (x >> 16u32)
 }
 
-/// One unit per element: `y = x * m`, `m = scale` where the element's word (below `2^32`
-/// elements, [`dropout::word`]) is under `threshold`, else `0`.
+/// Element `pos`'s factor: `scale` where its word (below `2^32` elements, [`dropout::word`])
+/// is under `threshold`, else `0`. Also the attention's weights' dropout (`device_attention`).
+#[cube]
+pub fn mask_factor(pos: u32, k0: u32, k1: u32, threshold: u32, scale: f32) -> f32 {
+    let word = lowbias32(lowbias32(pos ^ k0) ^ k1);
+    let mut m = 0.0f32;
+    if word < threshold {
+        m = scale;
+    }
+    m
+}
+
+/// One unit per element: `y = x * m`, `m` [`mask_factor`].
 #[cube(launch)]
 pub fn dropout_apply(
     x: &Array<f32>,
@@ -58,19 +74,36 @@ pub fn dropout_apply(
 ) {
     let pos = unit_index();
     if pos < units {
-        let word = lowbias32(lowbias32(pos ^ k0) ^ k1);
-        let mut m = 0.0f32;
-        if word < threshold {
-            m = scale;
-        }
-        y[pos as usize] = x[pos as usize] * m;
+        y[pos as usize] = x[pos as usize] * mask_factor(pos, k0, k1, threshold, scale);
     }
 }
 
-/// The operation (see the module): the backends that have it.
+/// One unit per element: `y = x + f * m`, `m` [`mask_factor`] (a residual connection).
+#[cube(launch)]
+pub fn residual_apply(
+    x: &Array<f32>,
+    f: &Array<f32>,
+    y: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let i = pos as usize;
+        y[i] = x[i] + f[i] * mask_factor(pos, k0, k1, threshold, scale);
+    }
+}
+
+/// The operations (see the module): the backends that have them.
 pub trait DeviceDropout: Backend {
     /// `x` times `rule`'s mask, element by element in `x`'s logical order.
     fn dropout_apply(rule: Rule, x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `x + f` times `rule`'s mask, `x` and `f` of one shape.
+    fn residual_apply(rule: Rule, x: FloatTensor<Self>, f: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 impl<R, F, I, BT> DeviceDropout for CubeBackend<R, F, I, BT>
@@ -103,6 +136,29 @@ where
         );
         y
     }
+
+    fn residual_apply(rule: Rule, x: FloatTensor<Self>, f: FloatTensor<Self>) -> FloatTensor<Self> {
+        let dims = x.shape().to_vec();
+        let units = dims.iter().product::<usize>();
+        let (x, f) = (contiguous(x), contiguous(f));
+        let client = x.client.clone();
+        let y = empty::<R>(&client, &x.device, dims);
+        let [k0, k1] = dropout::keys(rule.seed);
+        residual_apply::launch::<R>(
+            &client,
+            grid(units),
+            CubeDim::new_1d(CUBE),
+            x.into_array_arg(),
+            f.into_array_arg(),
+            y.clone().into_array_arg(),
+            k0,
+            k1,
+            rule.threshold,
+            rule.scale,
+            units as u32,
+        );
+        y
+    }
 }
 
 impl<B> DeviceDropout for Fusion<B>
@@ -113,6 +169,13 @@ where
         let client = x.client.clone();
         let y = B::dropout_apply(rule, client.resolve_tensor_float::<B>(x));
         asr_tdt::fusion::adopt::<B>(&client, y)
+    }
+
+    fn residual_apply(rule: Rule, x: FloatTensor<Self>, f: FloatTensor<Self>) -> FloatTensor<Self> {
+        let client = x.client.clone();
+        let x = client.resolve_tensor_float::<B>(x);
+        let f = client.resolve_tensor_float::<B>(f);
+        asr_tdt::fusion::adopt::<B>(&client, B::residual_apply(rule, x, f))
     }
 }
 
@@ -137,6 +200,55 @@ fn tracked<B: DeviceDropout, const D: usize>(
     x: Tensor<Autodiff<B>, D>,
 ) -> Tensor<Autodiff<B>, D> {
     Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(rule, [float(x)])))
+}
+
+/// The residual connection `x + f * mask` as a [`DeviceOp`] of `x` and `f`: `x`'s gradient is
+/// the output's, `f`'s the output's times the mask; nothing kept but the rule.
+#[derive(Debug, Clone, Copy)]
+struct Residual(Rule);
+
+impl<B: DeviceDropout> DeviceBackward<B, 2> for Residual {
+    type Saved = ();
+
+    fn backward(&self, _: (), dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
+        [dy.clone(), B::dropout_apply(self.0, dy)]
+    }
+}
+
+impl<B: DeviceDropout> DeviceOp<B, 2> for Residual {
+    fn forward(&self, [x, f]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, ()) {
+        (B::residual_apply(self.0, x, f), ())
+    }
+}
+
+/// `x + f * mask` as one operation where the backend is one of the trainer's CubeCL types under
+/// autodiff, `x` and `f` f32 of one shape and under `2^32` elements; `None` elsewhere.
+pub fn residual_on_device<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
+    f: &Tensor<B, D>,
+    rule: Rule,
+) -> Option<Tensor<B, D>> {
+    if x.dtype() != DType::F32
+        || f.dtype() != DType::F32
+        || x.dims() != f.dims()
+        || x.shape().num_elements() > u32::MAX as usize
+    {
+        return None;
+    }
+    on_cube_types!(
+        B,
+        T,
+        {
+            let x: Tensor<Autodiff<T>, D> = cast(x.clone())?;
+            let f: Tensor<Autodiff<T>, D> = cast(f.clone())?;
+            let inputs = [float(x), float(f)];
+            cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(
+                device_op::tracked(Residual(rule), inputs),
+            )))
+        },
+        { None }
+    );
+    None
 }
 
 /// `x` times `rule`'s mask as one operation where the backend is one of the trainer's CubeCL
@@ -191,6 +303,60 @@ mod tests {
             against_the_host_mask::<burn::backend::Wgpu>(dims, rule);
             against_the_host_mask::<Fusion<burn::backend::Wgpu>>(dims, rule);
         }
+    }
+
+    /// The residual's output and both gradients against the host mask; returns the output's
+    /// largest difference relative to its largest value (gradients must be the same bits).
+    fn residual_against_the_host_mask<B: DeviceDropout>(dims: [usize; 3], rule: Rule) -> f32 {
+        let device = Default::default();
+        B::seed(&device, 11);
+        let [a, b, c] = dims;
+        let normal =
+            |d: [usize; 3]| Tensor::<B, 3>::random(d, Distribution::Normal(0.0, 1.0), &device);
+        let x = normal(dims);
+        let f = normal([a, c, b]).swap_dims(1, 2);
+        let weights = normal(dims);
+        let xa = Tensor::<Autodiff<B>, 3>::from_inner(x.clone()).require_grad();
+        let fa = Tensor::<Autodiff<B>, 3>::from_inner(f.clone()).require_grad();
+        let y = residual_on_device(&xa, &fa, rule).expect("the trainer's CubeCL type");
+        let grads = (y.clone() * Tensor::from_inner(weights.clone())).sum().backward();
+        let values = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+        let mask = rule.mask(a * b * c);
+        let times_mask = |v: Vec<f32>| v.iter().zip(&mask).map(|(v, m)| v * m).collect::<Vec<_>>();
+        let what = format!("{dims:?}, seed {:#x}", rule.seed);
+        let host: Vec<f32> =
+            values(x).iter().zip(times_mask(values(f))).map(|(x, fm)| x + fm).collect();
+        let n = host.len();
+        let host = Tensor::<B, 1>::from_data(TensorData::new(host, [n]), &device);
+        let got = y.inner().reshape([a * b * c]);
+        assert_eq!(
+            values(xa.grad(&grads).unwrap()),
+            values(weights.clone()),
+            "{what}: x's gradient"
+        );
+        assert_eq!(
+            values(fa.grad(&grads).unwrap()),
+            times_mask(values(weights)),
+            "{what}: f's gradient"
+        );
+        device_op::relative_difference(got, host)
+    }
+
+    #[test]
+    fn the_residual_is_the_cpu_mask_s_sum_and_its_gradients_the_same_bits() {
+        let cases = [
+            ([1, 5, 51], Rule::new(3, 0.9).times(0.5)),
+            ([3, 29, 66], Rule::new(0xfeed_0000_0000_beef, 0.5)),
+            ([2, 300, 17], Rule::new(u64::MAX, 0.2).times(0.5)),
+        ];
+        let mut worst = 0.0f32;
+        for (dims, rule) in cases {
+            worst = worst.max(residual_against_the_host_mask::<burn::backend::Wgpu>(dims, rule));
+            worst = worst
+                .max(residual_against_the_host_mask::<Fusion<burn::backend::Wgpu>>(dims, rule));
+        }
+        println!("residual output against the host: {worst:e}");
+        assert!(worst == 0.0, "{worst:e}");
     }
 
     #[test]

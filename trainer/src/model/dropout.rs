@@ -68,14 +68,23 @@ impl Dropout {
         Dropout { prob }
     }
 
+    /// This call's rule, taking the thread's next seed, in training on `B` with `prob > 0`;
+    /// `None` (no seed taken) where the dropout is the identity. For operations that apply the
+    /// dropout inside themselves (`device_attention`).
+    pub fn draw<B: Backend>(&self, device: &B::Device) -> Option<Rule> {
+        if !B::ad_enabled(device) || self.prob == 0.0 {
+            return None;
+        }
+        Some(Rule::new(next_seed(), 1.0 - self.prob))
+    }
+
     /// `x` with the dropout applied (training) or `x` itself (evaluation, or `prob == 0`).
     pub fn forward<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let device = x.device();
-        if !B::ad_enabled(&device) || self.prob == 0.0 {
+        let Some(rule) = self.draw::<B>(&device) else {
             return x;
-        }
+        };
         let keep = 1.0 - self.prob;
-        let rule = Rule::new(next_seed(), keep);
         if TypeId::of::<B>() == TypeId::of::<Autodiff<NdArray>>() {
             let shape = x.shape();
             let mask = rule.mask(shape.num_elements());
@@ -86,6 +95,38 @@ impl Dropout {
             return y;
         }
         x.clone().random_like(Distribution::Bernoulli(keep)) * x / keep
+    }
+
+    /// `x + factor * self.forward(f)`, `x` and `f` of one shape: a residual connection (the
+    /// Conformer layer's four, two of them halved). In training on the CPU backend one product
+    /// and one sum, the factor folded into the mask; on the trainer's CubeCL types one kernel
+    /// forward and one backward (`device_dropout`), where Burn's form is the dropout's two, a
+    /// product by the factor and the sum forward, and the dropout's and the product's backward.
+    /// The mask is the one `forward` would draw at this call, and a kept element is
+    /// `f * (scale * factor)`: for a power-of-two factor the same value as `forward`'s times
+    /// the factor.
+    pub fn residual<B: Backend, const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        f: Tensor<B, D>,
+        factor: f32,
+    ) -> Tensor<B, D> {
+        let device = x.device();
+        let Some(rule) = self.draw::<B>(&device) else {
+            return if factor == 1.0 { x + f } else { x + f.mul_scalar(factor) };
+        };
+        let keep = 1.0 - self.prob;
+        let rule = rule.times(factor);
+        if TypeId::of::<B>() == TypeId::of::<Autodiff<NdArray>>() {
+            let shape = f.shape();
+            let mask = rule.mask(shape.num_elements());
+            return x + f * Tensor::from_data(TensorData::new(mask, shape), &device);
+        }
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(y) = super::device_dropout::residual_on_device(&x, &f, rule) {
+            return y;
+        }
+        x + f.clone().random_like(Distribution::Bernoulli(keep)) * f * (factor as f64 / keep)
     }
 }
 
@@ -106,6 +147,11 @@ impl Rule {
     pub fn new(seed: u64, keep: f64) -> Self {
         let threshold = (keep * 4_294_967_296.0).round().clamp(0.0, u32::MAX as f64) as u32;
         Rule { seed, threshold, scale: (1.0 / keep) as f32 }
+    }
+
+    /// The same mask with the kept elements' factor times `factor`.
+    pub fn times(self, factor: f32) -> Self {
+        Rule { scale: self.scale * factor, ..self }
     }
 
     /// Whether element `i` is kept.
@@ -292,5 +338,42 @@ mod tests {
         assert_eq!(dropout.forward(bare).into_data().to_vec::<f32>().expect("f32"), values);
         let off = Dropout::new(0.0).forward(x).into_data().to_vec::<f32>().expect("f32");
         assert_eq!(off, values);
+    }
+
+    #[test]
+    fn a_residual_is_the_input_plus_the_factor_times_the_dropout_of_the_same_call() {
+        let device = Default::default();
+        let dropout = Dropout::new(0.1);
+        let data = |k: usize| {
+            let v: Vec<f32> = (0..3000).map(|i| ((i * k) % 17) as f32 * 0.37 - 3.1).collect();
+            TensorData::new(v, [30, 100])
+        };
+        let x = Tensor::<Train, 2>::from_data(data(3), &device).require_grad();
+        let f = Tensor::<Train, 2>::from_data(data(5), &device).require_grad();
+        let weights = Tensor::<Train, 2>::from_data(data(7), &device);
+        let values_of = |t: Tensor<Train, 2>| t.into_data().to_vec::<f32>().expect("f32");
+        for factor in [0.5f32, 1.0] {
+            // Against the unfused form from the same point of the stream: the same bits (a
+            // power-of-two factor scales exactly), forward and backward.
+            seed_stream(9);
+            let fused = dropout.residual(x.clone(), f.clone(), factor);
+            let gf = (fused.clone() * weights.clone()).sum().backward();
+            seed_stream(9);
+            let plain = x.clone() + dropout.forward(f.clone()).mul_scalar(factor);
+            let gp = (plain.clone() * weights.clone()).sum().backward();
+            assert_eq!(values_of(fused), values_of(plain), "factor {factor}");
+            for t in [&x, &f] {
+                let grad = |g| t.grad(g).expect("a gradient").into_data().to_vec::<f32>().unwrap();
+                assert_eq!(grad(&gf), grad(&gp), "factor {factor}");
+            }
+        }
+        // Evaluation: the plain sum.
+        let bare = |k| Tensor::<NdArray, 2>::from_data(data(k), &device);
+        let eval = dropout.residual(bare(3), bare(5), 0.5);
+        let want = bare(3) + bare(5).mul_scalar(0.5);
+        assert_eq!(
+            eval.into_data().to_vec::<f32>().unwrap(),
+            want.into_data().to_vec::<f32>().unwrap()
+        );
     }
 }

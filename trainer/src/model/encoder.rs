@@ -204,46 +204,75 @@ impl<B: Backend> RelPositionAttention<B> {
         keep: &Tensor<B, 3>,
         p: Precision,
     ) -> Tensor<B, 3> {
-        let [b, t, d] = x.dims();
+        let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
-        let split = |y: Tensor<B, 3>| y.reshaped([b, t, h, dk]); // [B, T, H, dk]
-        let q = split(p.linear(&self.q, x.clone()));
-        let k = split(p.linear(&self.k, x.clone())).swap_dims(1, 2); // [B, H, T, dk]
-        let v = split(p.linear(&self.v, x)).swap_dims(1, 2);
-        let r = p.linear(&self.pos, pos).reshaped([1, 2 * t - 1, h, dk]).swap_dims(1, 2); // [1,H,2T-1,dk]
-        let u = self.pos_bias_u.val().reshape([1, 1, h, dk]);
-        let w = self.pos_bias_v.val().reshape([1, 1, h, dk]);
-        let q_u = (q.clone() + u).swap_dims(1, 2); // [B, H, T, dk]
-        let q_v = (q + w).swap_dims(1, 2);
-        // The scores come back in f32: the mask and the softmax run there.
+        // [B, H, T, dk] each, the query's two with their position biases.
+        let q = p.linear(&self.q, x.clone());
+        let q_u = split_heads(q.clone(), Some(self.pos_bias_u.val()), h);
+        let q_v = split_heads(q, Some(self.pos_bias_v.val()), h);
+        let k = split_heads(p.linear(&self.k, x.clone()), None, h);
+        let v = split_heads(p.linear(&self.v, x), None, h);
+        let r = split_heads(p.linear(&self.pos, pos), None, h); // [1, H, 2T-1, dk]
+                                                                // The scores come back in f32: the mask and the softmax run there.
         let ac = p.matmul(q_u, k.swap_dims(2, 3)); // [B, H, T, T]
         let bd = p.matmul(q_v, r.swap_dims(2, 3)); // [B, H, T, 2T-1]
-        let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt());
-        let attn = self.dropout.forward(attn);
-        let ctx = p.matmul(attn, v).swap_dims(1, 2).reshape([b, t, d]);
-        p.linear(&self.out, ctx)
+        let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
+        p.linear(&self.out, merge_heads(p.matmul(attn, v)))
     }
+}
+
+/// `x` `[B, T, H * dk]` head by head, `[B, H, T, dk]`, plus `bias` `[H, dk]` in each head. One
+/// operation each way on the CubeCL backends (`device_heads`: the products then read no
+/// permuted operand, which they would copy), views elsewhere.
+fn split_heads<B: Backend>(
+    x: Tensor<B, 3>,
+    bias: Option<Tensor<B, 2>>,
+    heads: usize,
+) -> Tensor<B, 4> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_heads::split(&x, bias.as_ref(), heads) {
+        return y;
+    }
+    let [b, t, d] = x.dims();
+    let dk = d / heads;
+    let x = x.reshaped([b, t, heads, dk]);
+    let x = match bias {
+        Some(u) => x + u.reshape([1, 1, heads, dk]),
+        None => x,
+    };
+    x.swap_dims(1, 2)
+}
+
+/// The inverse of [`split_heads`] without a bias: `[B, H, T, dk]` to `[B, T, H * dk]`.
+fn merge_heads<B: Backend>(y: Tensor<B, 4>) -> Tensor<B, 3> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(x) = super::device_heads::merge(&y) {
+        return x;
+    }
+    let [b, h, t, dk] = y.dims();
+    y.swap_dims(1, 2).reshape([b, t, h * dk])
 }
 
 /// The attention's weights `[B, H, T, T]` from the content scores `ac` `[B, H, T, T]` and the
 /// position scores `bd` `[B, H, T, 2T-1]`: the softmax over the valid keys of the shifted sum
 /// divided by `divisor`, zero on padded keys (`pad` `[B, 1, 1, T]`, true on them; `keep`
-/// `[B, T, 1]`, 1 elsewhere). One operation on the CubeCL backends (`device_attention`), the
-/// tensor form elsewhere.
+/// `[B, T, 1]`, 1 elsewhere), through `dropout`. One operation, the dropout included, on the
+/// CubeCL backends (`device_attention`); the tensor form and the dropout elsewhere.
 fn attention_weights<B: Backend>(
     ac: Tensor<B, 4>,
     bd: Tensor<B, 4>,
     pad: Tensor<B, 4, Bool>,
     keep: &Tensor<B, 3>,
     divisor: f64,
+    dropout: &Dropout,
 ) -> Tensor<B, 4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(w) = super::device_attention::on_device(&ac, &bd, keep, divisor) {
+    if let Some(w) = super::device_attention::on_device(&ac, &bd, keep, divisor, dropout) {
         return w;
     }
     // Without the CubeCL operation `keep` is unused: the tensor form masks with `pad`.
     let _ = keep;
-    attention_weights_tensor_form(ac, bd, pad, divisor)
+    dropout.forward(attention_weights_tensor_form(ac, bd, pad, divisor))
 }
 
 /// [`attention_weights`] from tensor operations: NeMo's form (the padded keys' scores filled
@@ -381,20 +410,16 @@ impl<B: Backend> ConformerLayer<B> {
         keep: Tensor<B, 3>,
         p: Precision,
     ) -> Tensor<B, 3> {
-        let x = x.clone()
-            + self
-                .dropout
-                .forward(self.ff1.forward(layer_norm(&self.norm_ff1, x), p))
-                .mul_scalar(0.5);
+        // Each residual connection (input + factor x dropout(branch)) is one operation where
+        // the backend has it (`Dropout::residual`).
+        let ff1 = self.ff1.forward(layer_norm(&self.norm_ff1, x.clone()), p);
+        let x = self.dropout.residual(x, ff1, 0.5);
         let att = self.att.forward(layer_norm(&self.norm_att, x.clone()), pos, pad, &keep, p);
-        let x = x + self.dropout.forward(att);
-        let x = x.clone()
-            + self.dropout.forward(self.conv.forward(layer_norm(&self.norm_conv, x), keep, p));
-        let x = x.clone()
-            + self
-                .dropout
-                .forward(self.ff2.forward(layer_norm(&self.norm_ff2, x), p))
-                .mul_scalar(0.5);
+        let x = self.dropout.residual(x, att, 1.0);
+        let conv = self.conv.forward(layer_norm(&self.norm_conv, x.clone()), keep, p);
+        let x = self.dropout.residual(x, conv, 1.0);
+        let ff2 = self.ff2.forward(layer_norm(&self.norm_ff2, x.clone()), p);
+        let x = self.dropout.residual(x, ff2, 0.5);
         layer_norm(&self.norm_out, x)
     }
 }

@@ -15,6 +15,8 @@ pub mod device_dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_gates;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_heads;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_layer_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_lstm;
