@@ -11,9 +11,12 @@
 # The run: `asrt train --device wgpu --fusion off` on 8 synthetic utterances of 5-6 s, 12 s of
 # audio per step, the 0.6B preset's structure at a small width (launches do not depend on
 # width). Needs make-synthetic-corpus beside ASRT (a workspace build) and a Vulkan driver
-# (lavapipe will do).
+# (lavapipe will do). On lavapipe a matrix product's "highly permuted" operand is copied twice
+# (the product's CMMA attempt copies, fails, and the fallback copies again); a GPU with CMMA
+# copies once, so copies before products count double here (bench/RESULTS.md, "The residual
+# connections, the attention's heads").
 set -euo pipefail
-[ $# -eq 3 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -eq 3 ] || { sed -n '2,17p' "$0"; exit 2; }
 bin=$1 layers=$2 steps=$3 tok=${TOK:-20}
 work=$(mktemp -d "${TMPDIR:-/tmp}/launches.XXXXXX")
 trap 'rm -rf "$work"' EXIT
