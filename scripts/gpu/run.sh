@@ -8,7 +8,9 @@
 #
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
-# --cap SECONDS (no step runs longer; for calls shorter than the whole kit).
+# --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
+# call of at most 10 minutes should run: --only env,c,d,dw,du,e,g --budget 540 --cap 180, and
+# ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it).
 #
 # Steps, each under a timeout, with its own log and a one-line verdict:
 #   env  the machine's facts: nvidia-smi, driver, nvcc, NVRTC and NCCL found, python's torch
@@ -53,7 +55,10 @@ while [ $# -gt 0 ]; do
     --only) only="$2"; shift ;;
     --budget) budget="$2"; shift ;;
     --cap) cap="$2"; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --short)
+      only="env,c,d,dw,du,e,g"; budget=540; cap=180
+      export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
