@@ -207,13 +207,16 @@ impl<B: Backend> RelPositionAttention<B> {
         let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
         // [B, H, T, dk] each, the query's two with their position biases.
-        let q = p.linear(&self.q, x.clone());
-        let q_u = split_heads(q.clone(), Some(self.pos_bias_u.val()), h);
-        let q_v = split_heads(q, Some(self.pos_bias_v.val()), h);
-        let k = split_heads(p.linear(&self.k, x.clone()), None, h);
-        let v = split_heads(p.linear(&self.v, x), None, h);
-        let r = split_heads(p.linear(&self.pos, pos), None, h); // [1, H, 2T-1, dk]
-                                                                // The scores come back in f32: the mask and the softmax run there.
+        let (q, bq) = project(p, &self.q, x.clone(), h);
+        let with = |extra: Tensor<B, 2>| bq.iter().cloned().chain([extra]).collect::<Vec<_>>();
+        let q_u = split_heads(q.clone(), with(self.pos_bias_u.val()), h);
+        let q_v = split_heads(q, with(self.pos_bias_v.val()), h);
+        let (k, bk) = project(p, &self.k, x.clone(), h);
+        let k = split_heads(k, bk.into_iter().collect(), h);
+        let (v, bv) = project(p, &self.v, x, h);
+        let v = split_heads(v, bv.into_iter().collect(), h);
+        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h); // [1, H, 2T-1, dk]
+                                                                      // The scores come back in f32: the mask and the softmax run there.
         let ac = p.matmul(q_u, k.swap_dims(2, 3)); // [B, H, T, T]
         let bd = p.matmul(q_v, r.swap_dims(2, 3)); // [B, H, T, 2T-1]
         let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
@@ -221,25 +224,45 @@ impl<B: Backend> RelPositionAttention<B> {
     }
 }
 
-/// `x` `[B, T, H * dk]` head by head, `[B, H, T, dk]`, plus `bias` `[H, dk]` in each head. One
-/// operation each way on the CubeCL backends (`device_heads`: the products then read no
-/// permuted operand, which they would copy), views elsewhere.
+/// `layer` of `x` `[B, T, d]` for a split into `heads` heads: where the split is one operation
+/// (`device_heads::takes`) the product alone and the bias as `[H, dk]`, for the split to add;
+/// elsewhere the whole linear layer and no bias.
+fn project<B: Backend>(
+    p: Precision,
+    layer: &Linear<B>,
+    x: Tensor<B, 3>,
+    heads: usize,
+) -> (Tensor<B, 3>, Option<Tensor<B, 2>>) {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(bias) = &layer.bias {
+        let [_, _, d] = x.dims();
+        if super::device_heads::takes(&x) && d.is_multiple_of(heads) {
+            let bias = bias.val().reshape([heads, d / heads]);
+            return (p.linear_unbiased(layer, x), Some(bias));
+        }
+    }
+    let _ = heads;
+    (p.linear(layer, x), None)
+}
+
+/// `x` `[B, T, H * dk]` head by head, `[B, H, T, dk]`, plus `biases` (`[H, dk]` each, in order)
+/// in each head. One operation each way on the CubeCL backends (`device_heads`: the products
+/// then read no permuted operand, which they would copy), views and sums elsewhere.
 fn split_heads<B: Backend>(
     x: Tensor<B, 3>,
-    bias: Option<Tensor<B, 2>>,
+    biases: Vec<Tensor<B, 2>>,
     heads: usize,
 ) -> Tensor<B, 4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(y) = super::device_heads::split(&x, bias.as_ref(), heads) {
+    if let Some(y) = super::device_heads::split(&x, &biases, heads) {
         return y;
     }
     let [b, t, d] = x.dims();
     let dk = d / heads;
-    let x = x.reshaped([b, t, heads, dk]);
-    let x = match bias {
-        Some(u) => x + u.reshape([1, 1, heads, dk]),
-        None => x,
-    };
+    let mut x = x.reshaped([b, t, heads, dk]);
+    for u in biases {
+        x = x + u.reshape([1, 1, heads, dk]);
+    }
     x.swap_dims(1, 2)
 }
 

@@ -175,6 +175,23 @@ impl Precision {
         burn::tensor::module::linear(self.down(x), weight, bias)
     }
 
+    /// `x` times `layer`'s weight, without its bias, computed in the compute type (the leading
+    /// axes flattened, as [`Self::linear_low`]), returned in f32: for an operation that adds
+    /// the bias itself (`encoder::split_heads` on the CubeCL backends).
+    pub fn linear_unbiased<B: Backend, const D: usize>(
+        self,
+        layer: &Linear<B>,
+        x: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        let dims = x.dims();
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let x = self.down(x.reshaped([rows, dims[D - 1]]));
+        let y = self.up(burn::tensor::module::linear(x, self.down(layer.weight.val()), None));
+        let mut shape = dims;
+        shape[D - 1] = y.dims()[1];
+        y.reshaped(shape)
+    }
+
     /// `layer(x)` computed in the compute type, returned in f32.
     pub fn linear<B: Backend, const D: usize>(
         self,
@@ -264,6 +281,19 @@ mod tests {
     /// (`host_linear`), equals Burn's broadcast `Linear` on rank 3: the output and the input's,
     /// weight's and bias's gradients, with and without a bias (measured on the host: 1.1e-7 of
     /// the largest value at most over two runs); the bare backend gives the tracked values.
+    #[test]
+    fn the_unbiased_product_plus_the_bias_is_the_linear_layer() {
+        let device = Default::default();
+        let layer = LinearConfig::new(16, 8).init::<NdArray>(&device);
+        let normal = burn::tensor::Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<NdArray, 3>::random([3, 5, 16], normal, &device);
+        let bias = layer.bias.as_ref().expect("a bias").val().reshape([1, 1, 8]);
+        let got = Precision::F32.linear_unbiased(&layer, x.clone()) + bias;
+        // One f32 sum after the same product: the same bits.
+        let want = burn::tensor::module::linear(x, layer.weight.val(), layer.bias.map(|b| b.val()));
+        assert_eq!(got.into_data(), want.into_data());
+    }
+
     #[test]
     fn a_rank_3_input_is_flattened_with_the_same_results() {
         type B = Autodiff<NdArray>;
