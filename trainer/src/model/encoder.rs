@@ -215,8 +215,9 @@ impl<B: Backend> RelPositionAttention<B> {
         let k = split_heads(k, bk.into_iter().collect(), h);
         let (v, bv) = project(p, &self.v, x, h);
         let v = split_heads(v, bv.into_iter().collect(), h);
-        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h); // [1, H, 2T-1, dk]
-                                                                      // The scores come back in f32: the mask and the softmax run there.
+        // [1, H, 2T-1, dk]
+        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
+        // The scores come back in f32: the mask and the softmax run there.
         let ac = p.matmul(q_u, k.swap_dims(2, 3)); // [B, H, T, T]
         let bd = p.matmul(q_v, r.swap_dims(2, 3)); // [B, H, T, 2T-1]
         let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
