@@ -240,6 +240,29 @@ def check_train_big(rc, log, work, name="d"):
             f"{mfu_s}")
 
 
+def check_profile(rc, log, work, dry="0"):
+    """dp: one steady step's launches and device time (profile_summary.py's JSON), against dw's
+    wall time per step when dw ran on the same device (not in a dry run, whose dw is the CPU's)."""
+    data = load_json(os.path.join(work, "dp.json"))
+    if rc != 0 or data is None:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    if data["launches_per_step"] <= 0:
+        return f"FAIL: no launches logged (CUBECL_DEBUG_LOG); {tail(log)}"
+    figures = {k: v for k, v in data.items() if k != "by_kernel"}
+    figures["top_kernels"] = data["by_kernel"][:10]
+    wall = None if dry == "1" else (load_json(os.path.join(work, "summary-dw.json")) or {}).get("median_step_seconds")
+    share = ""
+    if wall:
+        figures["device_share_of_dw_step"] = data["device_seconds_per_step"] / wall
+        share = f" ({100 * figures['device_share_of_dw_step']:.0f} % of dw's {wall:.3f} s step)"
+    save(work, "dp", figures)
+    top = "; ".join(f"{r['kernel']} {r['seconds_per_step']:.4f} s in {r['launches_per_step']:.0f}"
+                    for r in data["by_kernel"][:3])
+    return (f"PASS: one steady step launches {data['launches_per_step']:.0f} kernels "
+            f"({data['compilations_per_step']:.1f} compiled), {data['device_seconds_per_step']:.4f} s of device time{share}; "
+            f"most time: {top}")
+
+
 def check_peer_step(rc, log, work):
     if rc == 3:
         return f"SKIPPED: {tail(log, 1)}"
@@ -326,7 +349,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
+             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:
@@ -347,6 +370,7 @@ def main():
         "tdt-peer": lambda: check_peer(rc, *args[1:]),
         "train-tiny": lambda: check_train_tiny(rc, *args[1:]),
         "train-big": lambda: check_train_big(rc, *args[1:]),
+        "profile": lambda: check_profile(rc, *args[1:]),
         "peer-step": lambda: check_peer_step(rc, *args[1:]),
         "oom": lambda: check_oom(rc, *args[1:]),
         "refusals": lambda: check_refusals(rc, *args[1:]),

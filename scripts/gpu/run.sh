@@ -9,7 +9,7 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,c,d,dw,du,e,g --budget 540 --cap 180, and
+# call of at most 10 minutes should run: --only env,c,d,dw,dp,du,e,g --budget 540 --cap 180, and
 # ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it).
 #
 # Steps, each under a timeout, with its own log and a one-line verdict:
@@ -23,6 +23,10 @@
 #        step time, audio-s/s, peak device memory, data-wait share
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
 #        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
+#   dp   one steady step's kernels on the device: dw's run profiled by CubeCL
+#        (CUBECL_DEBUG_LOG), 3 steps less 1, over 2: launches, their device time against the
+#        step's wall time, and the kernels that take it (scripts/gpu/profile_summary.py; a dry run
+#        profiles on wgpu)
 #   du   dw with --fusion off (one kernel per operation): what fusion gains
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
@@ -56,9 +60,9 @@ while [ $# -gt 0 ]; do
     --budget) budget="$2"; shift ;;
     --cap) cap="$2"; shift ;;
     --short)
-      only="env,c,d,dw,du,e,g"; budget=540; cap=180
+      only="env,c,d,dw,dp,du,e,g"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -281,6 +285,26 @@ step_dw() {
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
+# dw's run profiled: CubeCL logs every launch with its device time. The first steps of the
+# two runs are the same batches, so 3 steps less 1 is two steady steps (their kernels compiled
+# by d, or here in the 1-step run for the dry run's wgpu).
+step_dp() {
+  [ -f "$work/parakeet.toml" ] || { echo "dp runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  local pdev="$train_dev" n
+  # The dry run trains on the CPU, which CubeCL does not profile.
+  [ "$dry" = 1 ] && pdev="$dev"
+  for n in 1 3; do
+    CUBECL_DEBUG_LOG="$work/dp$n-profile.log" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+      --out "$work/dp$n-run" --device "$pdev" --max-steps "$n" --quiet || return $?
+  done
+  python3 "$repo/scripts/gpu/profile_summary.py" "$work/dp3-profile.log" --minus "$work/dp1-profile.log" \
+    --steps 2 --json "$work/dp.json"
+  local rc=$?
+  rm -f "$work"/dp?-profile.log
+  return $rc
+}
+check_dp() { py profile "$1" "$logs/dp.log" "$work" "$dry"; }
+
 # dw without fusion: each tensor operation its own kernel, as every run before fusion was. Run
 # twice, as db is: the unfused kernels are not in the cache d left.
 step_du() {
@@ -386,7 +410,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured big_setup step_env step_c step_d step_dw step_du step_db step_d2 step_e step_f step_g long_corpus big_config
+export -f measured big_setup step_env step_c step_d step_dw step_dp step_du step_db step_d2 step_e step_f step_g long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -396,6 +420,7 @@ run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b
 run_step c 600 step_c
 run_step d 600 step_d
 run_step dw 300 step_dw
+run_step dp 240 step_dp
 run_step du 300 step_du
 run_step db 400 step_db
 run_step d2 300 step_d2
