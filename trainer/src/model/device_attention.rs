@@ -43,7 +43,7 @@ use super::device_op::{
     self, contiguous, cube_index, cube_max, cube_sum, cubes, empty, on_cube_types, DeviceBackward,
     CUBE,
 };
-use super::dropout::{self, Dropout, Rule};
+use super::dropout::{Dropout, Rule};
 use super::host_depthwise::{cast, float};
 
 /// Row `row` of `[B, H, T, ..]`'s batch element and query.
@@ -66,16 +66,10 @@ fn score(ac: &Array<f32>, bd: &Array<f32>, row: u32, i: u32, j: u32, t: u32, div
     (ac[(row * t + j) as usize] + bd[(row * n + t - 1 - i + j) as usize]) / divisor
 }
 
-/// The dropout's rule as a kernel's arguments (`k0`, `k1`, `threshold`, `scale` of
-/// [`mask_factor`]); placeholders where there is no dropout (the kernels then read none).
+/// The dropout's rule as a kernel's arguments ([`Rule::kernel_args`]); placeholders where there
+/// is no dropout (the kernels then read none).
 fn mask_args(rule: Option<Rule>) -> (u32, u32, u32, f32) {
-    match rule {
-        Some(r) => {
-            let [k0, k1] = dropout::keys(r.seed);
-            (k0, k1, r.threshold, r.scale)
-        }
-        None => (0, 0, 0, 1.0),
-    }
+    rule.map_or((0, 0, 0, 1.0), |r| r.kernel_args())
 }
 
 /// One cube per row `(b, h, i)` of `w` `[B, H, T, T]`: the softmax over the valid keys of the

@@ -35,7 +35,9 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::device_op::{
     self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
-use super::dropout::{self, Rule};
+#[cfg(doc)]
+use super::dropout;
+use super::dropout::Rule;
 use super::host_depthwise::{cast, float};
 
 /// [`dropout::lowbias32`] in the kernel (u32 products wrap on every CubeCL target).
@@ -119,7 +121,7 @@ where
         let x = contiguous(x);
         let client = x.client.clone();
         let y = empty::<R>(&client, &x.device, dims);
-        let [k0, k1] = dropout::keys(rule.seed);
+        let (k0, k1, threshold, scale) = rule.kernel_args();
         // Each unit reads and writes its own element; the checked launch bounds every access
         // anyway.
         dropout_apply::launch::<R>(
@@ -130,8 +132,8 @@ where
             y.clone().into_array_arg(),
             k0,
             k1,
-            rule.threshold,
-            rule.scale,
+            threshold,
+            scale,
             units as u32,
         );
         y
@@ -143,7 +145,7 @@ where
         let (x, f) = (contiguous(x), contiguous(f));
         let client = x.client.clone();
         let y = empty::<R>(&client, &x.device, dims);
-        let [k0, k1] = dropout::keys(rule.seed);
+        let (k0, k1, threshold, scale) = rule.kernel_args();
         residual_apply::launch::<R>(
             &client,
             grid(units),
@@ -153,8 +155,8 @@ where
             y.clone().into_array_arg(),
             k0,
             k1,
-            rule.threshold,
-            rule.scale,
+            threshold,
+            scale,
             units as u32,
         );
         y
@@ -265,6 +267,7 @@ pub fn on_device<B: Backend, const D: usize>(x: &Tensor<B, D>, rule: Rule) -> Op
 #[cfg(feature = "wgpu")]
 mod tests {
     use super::*;
+    use crate::model::dropout;
     use burn::tensor::Distribution;
 
     /// The operation's output and input gradient (under a weighted sum of the output) against

@@ -154,6 +154,13 @@ impl Rule {
         Rule { scale: self.scale * factor, ..self }
     }
 
+    /// What a kernel needs to draw this mask: the seed's two [`keys`], the threshold and the
+    /// scale, in that order (`device_dropout::mask_factor`'s arguments).
+    pub fn kernel_args(&self) -> (u32, u32, u32, f32) {
+        let [k0, k1] = keys(self.seed);
+        (k0, k1, self.threshold, self.scale)
+    }
+
     /// Whether element `i` is kept.
     pub fn keeps(&self, i: u64) -> bool {
         word(self.seed, i) < self.threshold
