@@ -9,6 +9,7 @@
 #   KERNELS=FILE bash bench/launches.sh ...           also writes the launches by kernel name
 #   FUSION=on bash bench/launches.sh ...              through Burn's fusion (a GPU run's default):
 #                                                     each fused kernel counts once
+#   PRECISION=f16-mixed bash bench/launches.sh ...    products in f16 (lavapipe has no bf16)
 #
 # The run: `asrt train --device wgpu --fusion off` on 8 synthetic utterances of 5-6 s, 12 s of
 # audio per step, the 0.6B preset's structure at a small width (launches do not depend on
@@ -18,7 +19,7 @@
 # copies once, so copies before products count double here (bench/RESULTS.md, "The residual
 # connections, the attention's heads").
 set -euo pipefail
-[ $# -eq 3 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -eq 3 ] || { sed -n '2,20p' "$0"; exit 2; }
 bin=$1 layers=$2 steps=$3 tok=${TOK:-20}
 work=$(mktemp -d "${TMPDIR:-/tmp}/launches.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -28,7 +29,7 @@ printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nn_layers = %s\nd_model = 
   "$layers" > "$work/cfg.toml"
 XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}" CUBECL_DEBUG_LOG="$work/cl.log" CUBECL_DEBUG_OPTION=profile-full \
   "$bin" train "$work/c.asrcorpus" --config "$work/cfg.toml" --out "$work/run" --device wgpu \
-  --fusion "${FUSION:-off}" --max-steps "$steps" --quiet > "$work/out.log" 2>&1 || { tail -n 5 "$work/out.log" >&2; exit 1; }
+  --fusion "${FUSION:-off}" --precision "${PRECISION:-f32}" --max-steps "$steps" --quiet > "$work/out.log" 2>&1 || { tail -n 5 "$work/out.log" >&2; exit 1; }
 # One line `| DURATION | KERNEL` per launch; the profile's summary tables, printed now and then,
 # have rows that start with `| ` too but end with `|`.
 grep '^| ' "$work/cl.log" | grep -v '|[[:space:]]*$' > "$work/launches.log" || true

@@ -138,6 +138,19 @@ pub trait DeviceBackward<B: Backend, const N: usize>: Debug + Send + 'static {
 
     /// The inputs' gradients, in the inputs' order, from the output's gradient `dy`.
     fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; N];
+
+    /// The gradients of the inputs that are `tracked` (the others' are not used): by default
+    /// all of [`Self::backward`]'s; an operation whose inputs' gradients cost a launch each
+    /// computes only those asked for.
+    fn backward_tracked(
+        &self,
+        saved: Self::Saved,
+        dy: FloatTensor<B>,
+        tracked: [bool; N],
+    ) -> [Option<FloatTensor<B>>; N] {
+        let _ = tracked;
+        self.backward(saved, dy).map(Some)
+    }
 }
 
 /// One of the device operations whose forward is a function of its inputs alone.
@@ -160,10 +173,11 @@ impl<B: Backend, O: DeviceBackward<B, N>, const N: usize> Backward<B, N> for OpB
         _checkpointer: &mut Checkpointer,
     ) {
         let dy = grads.consume::<B>(&ops.node);
-        let inputs = self.0.backward(ops.state, dy);
+        let tracked = ops.parents.each_ref().map(Option::is_some);
+        let inputs = self.0.backward_tracked(ops.state, dy, tracked);
         for (parent, grad) in ops.parents.into_iter().zip(inputs) {
-            if let Some(p) = parent {
-                grads.register::<B>(p.id, grad);
+            if let (Some(p), Some(g)) = (parent, grad) {
+                grads.register::<B>(p.id, g);
             }
         }
     }

@@ -156,6 +156,7 @@ impl Rule {
 
     /// What a kernel needs to draw this mask: the seed's two [`keys`], the threshold and the
     /// scale, in that order (`device_dropout::mask_factor`'s arguments).
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn kernel_args(&self) -> (u32, u32, u32, f32) {
         let [k0, k1] = keys(self.seed);
         (k0, k1, self.threshold, self.scale)

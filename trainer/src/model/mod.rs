@@ -21,6 +21,8 @@ pub mod device_layer_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_lstm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_mixed;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_op;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_rel_shift;

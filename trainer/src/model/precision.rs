@@ -175,6 +175,44 @@ impl Precision {
         burn::tensor::module::linear(self.down(x), weight, bias)
     }
 
+    /// `x` times `layer`'s weight, plus its bias when `bias`, as one mixed product on the
+    /// CubeCL backends (`device_mixed`: the operands rounded to the compute type, the product
+    /// written in f32; the bias added in f32), the leading axes flattened; `None` in f32, on
+    /// other backends, or where the operation does not take the operands.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn linear_device<B: Backend, const D: usize>(
+        self,
+        layer: &Linear<B>,
+        x: &Tensor<B, D>,
+        bias: bool,
+    ) -> Option<Tensor<B, D>> {
+        let dtype = self.compute()?;
+        if D < 2 {
+            return None;
+        }
+        let dims = x.dims();
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let x2 = x.clone().reshaped([rows, dims[D - 1]]);
+        let mut y = super::device_mixed::product(&x2, &layer.weight.val(), dtype)?;
+        if let (true, Some(b)) = (bias, &layer.bias) {
+            y = y + b.val().unsqueeze_dim::<2>(0);
+        }
+        let mut shape = dims;
+        shape[D - 1] = y.dims()[1];
+        Some(y.reshaped(shape))
+    }
+
+    /// Without a CubeCL backend there is no mixed product operation.
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    fn linear_device<B: Backend, const D: usize>(
+        self,
+        _layer: &Linear<B>,
+        _x: &Tensor<B, D>,
+        _bias: bool,
+    ) -> Option<Tensor<B, D>> {
+        None
+    }
+
     /// `x` times `layer`'s weight, without its bias, computed in the compute type (the leading
     /// axes flattened, as [`Self::linear_low`]), returned in f32: for an operation that adds
     /// the bias itself (`encoder::split_heads` on the CubeCL backends).
@@ -183,6 +221,9 @@ impl Precision {
         layer: &Linear<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
+        if let Some(y) = self.linear_device(layer, &x, false) {
+            return y;
+        }
         let dims = x.dims();
         let rows = dims[..D - 1].iter().product::<usize>();
         let x = self.down(x.reshaped([rows, dims[D - 1]]));
@@ -192,21 +233,32 @@ impl Precision {
         y.reshaped(shape)
     }
 
-    /// `layer(x)` computed in the compute type, returned in f32.
+    /// `layer(x)` computed in the compute type, returned in f32 (on the CubeCL backends the
+    /// product is written in f32 without being rounded to the compute type, `device_mixed`).
     pub fn linear<B: Backend, const D: usize>(
         self,
         layer: &Linear<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
+        if let Some(y) = self.linear_device(layer, &x, true) {
+            return y;
+        }
         self.up(self.linear_low(layer, x))
     }
 
-    /// `a.matmul(b)` computed in the compute type, returned in f32.
+    /// `a.matmul(b)` computed in the compute type, returned in f32 (on the CubeCL backends as
+    /// `device_mixed`'s one operation, the product not rounded to the compute type).
     pub fn matmul<B: Backend, const D: usize>(
         self,
         a: Tensor<B, D>,
         b: Tensor<B, D>,
     ) -> Tensor<B, D> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let Some(y) =
+            self.compute().and_then(|dtype| super::device_mixed::product(&a, &b, dtype))
+        {
+            return y;
+        }
         self.up(self.down(a).matmul(self.down(b)))
     }
 }
