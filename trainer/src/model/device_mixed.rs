@@ -14,10 +14,11 @@
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 operands of 2 to 4 axes whose leading axes agree (or are 1 in `b`,
-//! broadcast over `a`'s, as in the attention's position product) and fewer than `2^32`
-//! elements; `None` elsewhere, and the caller casts with Burn. An operand that is a
-//! permutation of a whole buffer (a transposed view) is rounded in memory order and keeps its
-//! strides, so a transposed operand is not copied; any other view is copied first.
+//! broadcast over `a`'s, as in the attention's position product), the two operands together
+//! and the output under `2^32` elements; `None` elsewhere, and the caller casts with Burn. An
+//! operand that is a permutation of a whole buffer (a transposed view) is rounded in memory
+//! order and keeps its strides, so a transposed operand is not copied; any other view is
+//! copied first.
 //!
 //! Invariants: `product(a, b) = f32(Σ_k half(a)[.., i, k] · half(b)[.., k, j])`, accumulated
 //! in f32; the gradients are `f32(half(dy) · half(b)ᵀ)` and `f32(half(a)ᵀ · half(dy))`, a
@@ -268,15 +269,21 @@ impl<B: DeviceMixed> DeviceOp<B, 2> for Mixed {
 }
 
 /// Whether the operation takes these operands: f32, 2 to 4 axes, each leading axis of `b`
-/// equal to `a`'s or 1 (broadcast), the inner ones agreeing, under `2^32` elements each.
+/// equal to `a`'s or 1 (broadcast), the inner ones agreeing; the two operands together, and
+/// the output, under `2^32` elements (the rounding kernels index them with 32-bit integers).
 fn fits<B: Backend, const D: usize>(a: &Tensor<B, D>, b: &Tensor<B, D>) -> bool {
     let (da, db) = (a.dims(), b.dims());
-    (2..=4).contains(&D)
-        && a.dtype() == DType::F32
-        && b.dtype() == DType::F32
-        && da[..D - 2].iter().zip(&db[..D - 2]).all(|(x, y)| x == y || *y == 1)
-        && da[D - 1] == db[D - 2]
-        && [&da, &db].iter().all(|d| d.iter().product::<usize>() <= u32::MAX as usize)
+    if !(2..=4).contains(&D)
+        || a.dtype() != DType::F32
+        || b.dtype() != DType::F32
+        || !da[..D - 2].iter().zip(&db[..D - 2]).all(|(x, y)| x == y || *y == 1)
+        || da[D - 1] != db[D - 2]
+    {
+        return false;
+    }
+    let count = |d: &[usize]| d.iter().product::<usize>();
+    let out = count(&da[..D - 1]) * db[D - 1];
+    count(&da) + count(&db) <= u32::MAX as usize && out <= u32::MAX as usize
 }
 
 /// `a · b` with both operands rounded to `dtype` (bfloat16 or float16) and the product in f32,
