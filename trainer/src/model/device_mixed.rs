@@ -222,13 +222,6 @@ struct Mixed {
     broadcast: Vec<usize>,
 }
 
-impl Mixed {
-    /// `x` with its last two axes swapped (a view).
-    fn transposed<B: DeviceMixed>(&self, x: FloatTensor<B>) -> FloatTensor<B> {
-        B::float_swap_dims(x, self.dims - 2, self.dims - 1)
-    }
-}
-
 impl<B: DeviceMixed> DeviceBackward<B, 2> for Mixed {
     type Saved = (FloatTensor<B>, FloatTensor<B>);
 
@@ -249,6 +242,11 @@ impl<B: DeviceMixed> DeviceBackward<B, 2> for Mixed {
 }
 
 impl Mixed {
+    /// `x` with its last two axes swapped (a view).
+    fn transposed<B: DeviceMixed>(&self, x: FloatTensor<B>) -> FloatTensor<B> {
+        B::float_swap_dims(x, self.dims - 2, self.dims - 1)
+    }
+
     /// `a`'s gradient from the rounded output gradient `dy`: `dy · bᵀ`.
     fn grad_a<B: DeviceMixed>(&self, dy: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B> {
         B::product_f32(dy, self.transposed::<B>(b))

@@ -146,9 +146,8 @@ pub trait DeviceBackward<B: Backend, const N: usize>: Debug + Send + 'static {
         &self,
         saved: Self::Saved,
         dy: FloatTensor<B>,
-        tracked: [bool; N],
+        _tracked: [bool; N],
     ) -> [Option<FloatTensor<B>>; N] {
-        let _ = tracked;
         self.backward(saved, dy).map(Some)
     }
 }

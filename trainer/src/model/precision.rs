@@ -145,12 +145,7 @@ impl Precision {
                 Some(_) => self.linear_down(layer, x),
             };
         }
-        let dims = x.dims();
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let y = self.linear_2d(layer, x.reshaped([rows, dims[D - 1]]));
-        let mut shape = dims;
-        shape[D - 1] = y.dims()[1];
-        y.reshaped(shape)
+        on_rows(x, |x| self.linear_2d(layer, x))
     }
 
     /// [`Self::linear_low`] on `[rows, in]`; in f32 on NdArray, one host operation
@@ -179,37 +174,24 @@ impl Precision {
     /// CubeCL backends (`device_mixed`: the operands rounded to the compute type, the product
     /// written in f32; the bias added in f32), the leading axes flattened; `None` in f32, on
     /// other backends, or where the operation does not take the operands.
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
     fn linear_device<B: Backend, const D: usize>(
         self,
         layer: &Linear<B>,
         x: &Tensor<B, D>,
         bias: bool,
     ) -> Option<Tensor<B, D>> {
-        let dtype = self.compute()?;
-        if D < 2 {
-            return None;
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if let (Some(dtype), true) = (self.compute(), D >= 2) {
+            let dims = x.dims();
+            let rows = x.clone().reshaped([dims[..D - 1].iter().product(), dims[D - 1]]);
+            let y = super::device_mixed::product(&rows, &layer.weight.val(), dtype)?;
+            let y = match (bias, &layer.bias) {
+                (true, Some(b)) => y + b.val().unsqueeze_dim::<2>(0),
+                _ => y,
+            };
+            return Some(from_rows(y, dims));
         }
-        let dims = x.dims();
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let x2 = x.clone().reshaped([rows, dims[D - 1]]);
-        let mut y = super::device_mixed::product(&x2, &layer.weight.val(), dtype)?;
-        if let (true, Some(b)) = (bias, &layer.bias) {
-            y = y + b.val().unsqueeze_dim::<2>(0);
-        }
-        let mut shape = dims;
-        shape[D - 1] = y.dims()[1];
-        Some(y.reshaped(shape))
-    }
-
-    /// Without a CubeCL backend there is no mixed product operation.
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    fn linear_device<B: Backend, const D: usize>(
-        self,
-        _layer: &Linear<B>,
-        _x: &Tensor<B, D>,
-        _bias: bool,
-    ) -> Option<Tensor<B, D>> {
         None
     }
 
@@ -224,13 +206,9 @@ impl Precision {
         if let Some(y) = self.linear_device(layer, &x, false) {
             return y;
         }
-        let dims = x.dims();
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let x = self.down(x.reshaped([rows, dims[D - 1]]));
-        let y = self.up(burn::tensor::module::linear(x, self.down(layer.weight.val()), None));
-        let mut shape = dims;
-        shape[D - 1] = y.dims()[1];
-        y.reshaped(shape)
+        on_rows(x, |x| {
+            self.up(burn::tensor::module::linear(self.down(x), self.down(layer.weight.val()), None))
+        })
     }
 
     /// `layer(x)` computed in the compute type, returned in f32 (on the CubeCL backends the
@@ -261,6 +239,23 @@ impl Precision {
         }
         self.up(self.down(a).matmul(self.down(b)))
     }
+}
+
+/// `f` of `x` `[.., in]` with its leading axes flattened, `[rows, in]`, and the result's
+/// `[rows, out]` shaped back to `[.., out]`.
+fn on_rows<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    f: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, D> {
+    let dims = x.dims();
+    let rows = dims[..D - 1].iter().product::<usize>();
+    from_rows(f(x.reshaped([rows, dims[D - 1]])), dims)
+}
+
+/// `y` `[rows, out]` shaped as `dims` `[.., in]` with its last axis `out`.
+fn from_rows<B: Backend, const D: usize>(y: Tensor<B, 2>, mut dims: [usize; D]) -> Tensor<B, D> {
+    dims[D - 1] = y.dims()[1];
+    y.reshaped(dims)
 }
 
 #[cfg(test)]
