@@ -197,6 +197,31 @@ def check_train_tiny(rc, log, work, reference):
     return f"{verdict}: {note}"
 
 
+def check_grad_norms(rc, log, work, reference):
+    """cg: each step's gradient norm, fused and unfused, against the CPU reference's."""
+    if rc != 0:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    runs = {k: metrics(os.path.join(work, f"cg-{k}", "metrics.jsonl")) for k in ("fused", "unfused")}
+    figures = {k: {"losses": [m["loss"] for m in ms], "grad_norms": [m["grad_norm"] for m in ms]}
+               for k, ms in runs.items()}
+    if reference == "none":
+        save(work, "cg", figures)
+        ok = all(len(f["grad_norms"]) == 3 for f in figures.values())
+        return f"{'PASS' if ok else 'FAIL'}: 3 steps fused and unfused (no reference to compare)"
+    ref = metrics(reference)[:3]
+    parts, ok = [], True
+    for k, f in figures.items():
+        rel = [abs(g - r["grad_norm"]) / abs(r["grad_norm"]) for g, r in zip(f["grad_norms"], ref)]
+        loss = [abs(g - r["loss"]) / abs(r["loss"]) for g, r in zip(f["losses"], ref)]
+        f["grad_norm_rel_diff_vs_cpu"], f["loss_rel_diff_vs_cpu"] = rel, loss
+        parts.append(f"{k}: |g| vs the CPU run " + ", ".join(f"{x:.1e}" for x in rel)
+                     + "; loss " + ", ".join(f"{x:.1e}" for x in loss))
+        # Step 1: the same weights and batch, only arithmetic differs (lavapipe: 4.4e-4).
+        ok = ok and len(rel) == 3 and rel[0] <= 1e-2
+    save(work, "cg", figures)
+    return f"{'PASS' if ok else 'FAIL'}: steps 1-3, " + "; ".join(parts)
+
+
 def check_train_big(rc, log, work, name="d"):
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
@@ -349,7 +374,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused and not", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:
@@ -369,6 +394,7 @@ def main():
         "tdt-check": lambda: check_tdt(rc, *args[1:]),
         "tdt-peer": lambda: check_peer(rc, *args[1:]),
         "train-tiny": lambda: check_train_tiny(rc, *args[1:]),
+        "grad-norms": lambda: check_grad_norms(rc, *args[1:]),
         "train-big": lambda: check_train_big(rc, *args[1:]),
         "profile": lambda: check_profile(rc, *args[1:]),
         "peer-step": lambda: check_peer_step(rc, *args[1:]),

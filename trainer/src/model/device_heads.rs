@@ -35,6 +35,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::device_op::{
     self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
+use super::device_sum::DeviceSum;
 use super::host_depthwise::{cast, float};
 
 /// One unit per element of `y` `[A, Q, P, R]` from `x` `[A, P, Q, R]` (the middle axes
@@ -70,7 +71,7 @@ pub fn swap_middle(
 }
 
 /// The operation (see the module): the backends that have it.
-pub trait DeviceHeads: Backend {
+pub trait DeviceHeads: DeviceSum {
     /// `x` viewed as `[A, P, Q, R]` (`view`) with its middle axes swapped, plus `biases` (at
     /// most two, `[Q, R]` each, in order), shaped `dims`.
     fn heads_swap(
@@ -185,9 +186,8 @@ impl Swap {
     ) -> (FloatTensor<B>, FloatTensor<B>) {
         let dx = self.input_grad::<B>(dy);
         let [a, p, q, r] = self.view;
-        let rows = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(dx.clone()))
-            .reshape([a * p, q * r]);
-        let db = rows.sum_dim(0).reshape([q, r]).into_primitive().tensor();
+        let rows = B::float_reshape(dx.clone(), [a * p, q * r].into());
+        let db = B::float_reshape(B::sum_axis(rows, 0, false), [q, r].into());
         (dx, db)
     }
 }

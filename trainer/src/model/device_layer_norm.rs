@@ -34,6 +34,7 @@ use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, DeviceOp, CUBE,
 };
+use super::device_sum::DeviceSum;
 use super::host_depthwise::{cast, float};
 
 /// Rows per partial sum of the scale's and shift's gradients: each unit of that kernel sums one
@@ -264,9 +265,10 @@ where
             blocks as u32,
             ROWS as u32,
         );
-        let sums = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(parts))
-            .sum_dim(1)
-            .reshape([2, width]);
+        let sums = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(Self::sum_axis(
+            parts, 1, false,
+        )))
+        .reshape([2, width]);
         let d_gamma = sums.clone().narrow(0, 0, 1).reshape([width]).into_primitive().tensor();
         let d_beta = sums.narrow(0, 1, 1).reshape([width]).into_primitive().tensor();
         (dx, d_gamma, d_beta)

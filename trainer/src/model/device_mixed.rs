@@ -41,6 +41,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::device_op::{
     self, contiguous, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
+use super::device_sum::DeviceSum;
 use super::host_depthwise::{cast, float};
 
 /// One unit per element of `a` and then of `b` (`units` = both counts): each rounded to `F`,
@@ -73,7 +74,7 @@ pub fn round_one<F: cubecl::prelude::Float>(x: &Array<f32>, x_low: &mut Array<F>
 }
 
 /// The operation (see the module): the backends that have it.
-pub trait DeviceMixed: Backend {
+pub trait DeviceMixed: DeviceSum {
     /// `a` and `b` rounded to `dtype`, in one launch.
     fn round_pair(
         a: FloatTensor<Self>,
@@ -255,7 +256,7 @@ impl Mixed {
     /// `b`'s gradient: `aᵀ · dy`, a broadcast `b`'s summed over its copies.
     fn grad_b<B: DeviceMixed>(&self, a: FloatTensor<B>, dy: FloatTensor<B>) -> FloatTensor<B> {
         let db = B::product_f32(self.transposed::<B>(a), dy);
-        self.broadcast.iter().fold(db, |db, &axis| B::float_sum_dim(db, axis))
+        self.broadcast.iter().fold(db, |db, &axis| B::sum_axis(db, axis, false))
     }
 }
 

@@ -23,6 +23,8 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
+use super::device_sum::DeviceSum;
+
 /// Units per cube.
 pub const CUBE: u32 = 256;
 /// wgpu's limit on cubes per dimension.
@@ -82,14 +84,13 @@ pub fn empty<R: CubeRuntime>(
 }
 
 /// The gradients of a weight `[taps, C]` and a bias `[C]` from partial sums over blocks of rows
-/// `[taps + 1, blocks, C]` (the bias's last), summed over the blocks by Burn.
-pub fn weight_and_bias_sums<B: Backend>(
+/// `[taps + 1, blocks, C]` (the bias's last), summed over the blocks (`device_sum`).
+pub fn weight_and_bias_sums<B: DeviceSum>(
     parts: FloatTensor<B>,
     taps: usize,
     channels: usize,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
-    let sums = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(parts))
-        .sum_dim(1)
+    let sums = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(B::sum_axis(parts, 1, false)))
         .reshape([taps + 1, channels]);
     let dw = sums.clone().narrow(0, 0, taps).into_primitive().tensor();
     let db = sums.narrow(0, taps, 1).reshape([channels]).into_primitive().tensor();

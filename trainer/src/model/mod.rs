@@ -9,6 +9,8 @@ pub mod device_attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_batch_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_bias;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_depthwise;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_dropout;
@@ -28,6 +30,8 @@ pub mod device_op;
 pub mod device_rel_shift;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_strided;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_sum;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;

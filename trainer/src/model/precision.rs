@@ -153,8 +153,18 @@ impl Precision {
     fn linear_2d<B: Backend>(self, layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         if self.compute().is_none() {
             let bias = layer.bias.as_ref().map(|b| b.val());
-            return super::host_linear::on_host(&x, &layer.weight.val(), bias.as_ref())
-                .unwrap_or_else(|| layer.forward(x));
+            if let Some(y) = super::host_linear::on_host(&x, &layer.weight.val(), bias.as_ref()) {
+                return y;
+            }
+            // On the CubeCL backends the bias is one operation whose gradient is summed in
+            // passes (`device_bias`).
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            if let Some(y) =
+                bias.and_then(|b| super::device_bias::linear(&x, &layer.weight.val(), &b))
+            {
+                return y;
+            }
+            return layer.forward(x);
         }
         self.linear_down(layer, x)
     }
@@ -187,7 +197,11 @@ impl Precision {
             let rows = x.clone().reshaped([dims[..D - 1].iter().product(), dims[D - 1]]);
             let y = super::device_mixed::product(&rows, &layer.weight.val(), dtype)?;
             let y = match (bias, &layer.bias) {
-                (true, Some(b)) => y + b.val().unsqueeze_dim::<2>(0),
+                (true, Some(b)) => {
+                    let b = b.val();
+                    super::device_bias::on_device(&y, &b)
+                        .unwrap_or_else(|| y + b.unsqueeze_dim::<2>(0))
+                }
                 _ => y,
             };
             return Some(from_rows(y, dims));

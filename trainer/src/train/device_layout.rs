@@ -6,7 +6,10 @@
 //! and on lavapipe 74 of a Conformer layer's 384 (bench/RESULTS.md, "Fewer launches per
 //! Conformer layer"). A GPU step is bound by the host's cost per launch. Here one kernel reads a
 //! group of up to [`GROUP`] tensors (a `Sequence` of arrays, one binding each) and writes its
-//! span of the flat tensor, zeros included: one launch per group and no fill.
+//! span of the flat tensor, zeros included: one launch per group and no fill. Within a launch
+//! each part has its own row of cubes, which copies it (the first version had every unit test
+//! each of the group's parts for the one covering its element: 36 ms a step on an H200 for the
+//! 0.6B preset, 8 % of its device time; bench/RESULTS.md, "The step on the device").
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare,
 //! with f32 tensors; `None` elsewhere, and the caller lays out in Burn's form. Under fusion the
@@ -15,9 +18,11 @@
 //! Invariants: the parts are flat, in increasing order of their offsets, and do not overlap or
 //! pass the end; element `e` of the result is part `k`'s element `e - at_k` where a part covers
 //! it, else zero. Each group's launch writes `[its first offset (0 for the first), the next
-//! group's first offset (the end for the last))`, so the launches write every element once.
-//! A group has as many tensors as the device binds less three (the output, the scalars and one
-//! spare), at most [`GROUP`]: wgpu's limit on storage buffers per shader can be as low as 8.
+//! group's first offset (the end for the last))`, so the launches write every element once;
+//! within it part `k`'s row writes from its offset (the group's first for `k = 0`) to the next
+//! part's. A group has as many tensors as the device binds less three (the output, the scalars
+//! and one spare), at most [`GROUP`]: wgpu's limit on storage buffers per shader can be as low
+//! as 8.
 
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -27,40 +32,53 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use crate::model::device_op::{contiguous, empty, grid, on_cube_types, unit_index, CUBE};
+use crate::model::device_op::{contiguous, empty, on_cube_types, CUBE};
 use crate::model::host_depthwise::{cast, float};
 
 /// Most tensors one launch reads. Each distinct group size is its own compiled kernel; with
 /// 32, the 0.6B preset's ~900 gradients take about 30 launches.
 pub const GROUP: usize = 32;
 
-/// One unit per element of `out[lo .. lo + units]`: the part that covers it, or zero.
+/// One row of cubes per part (`CUBE_POS_Y`), whose units stride over the part's span of `out`,
+/// `[lows[k], highs[k])`: the part where it covers an element, zero elsewhere (the gap before
+/// the next part).
 #[cube(launch)]
 pub fn lay_out_group(
     parts: &Sequence<Array<f32>>,
     starts: &Sequence<u32>,
     lens: &Sequence<u32>,
+    lows: &Sequence<u32>,
+    highs: &Sequence<u32>,
     out: &mut Array<f32>,
-    lo: u32,
-    units: u32,
 ) {
-    let pos = unit_index();
-    if pos < units {
-        let e = lo + pos;
-        let mut value = 0.0f32;
-        let count = parts.len().comptime();
-        #[unroll]
-        for k in 0..count {
+    let count = parts.len().comptime();
+    let stride = CUBE_COUNT_X * CUBE_DIM;
+    #[unroll]
+    for k in 0..count {
+        // The same branch for every unit of a cube: one part's copy, not a search per element.
+        if CUBE_POS_Y == k as u32 {
             let start = starts[k];
             // The part's own length, not its array's: a view's binding may reach further.
-            if e >= start && e < start + lens[k] {
-                let part = &parts[k];
-                value = part[(e - start) as usize];
+            let end = start + lens[k];
+            let hi = highs[k];
+            let part = &parts[k];
+            let mut e = lows[k] + CUBE_POS_X * CUBE_DIM + UNIT_POS;
+            while e < hi {
+                let mut value = 0.0f32;
+                if e >= start && e < end {
+                    value = part[(e - start) as usize];
+                }
+                out[e as usize] = value;
+                e += stride;
             }
         }
-        out[e as usize] = value;
     }
 }
+
+/// Cubes along x per part: each unit copies at least [`PER_UNIT`] elements of the longest span,
+/// and at most [`MAX_CUBES`] cubes, which a large GPU holds at once.
+const PER_UNIT: usize = 4;
+const MAX_CUBES: usize = 1024;
 
 /// The layout as one operation per group (see the module): the backends that have it.
 pub trait DeviceLayout: Backend {
@@ -87,29 +105,42 @@ where
         let group = GROUP.min(bindings.saturating_sub(3)).max(1);
         let groups: Vec<_> = parts.chunks(group).collect();
         for (g, members) in groups.iter().enumerate() {
-            let lo = if g == 0 { 0 } else { members[0].0 };
-            let hi = groups.get(g + 1).map_or(len, |next| next[0].0);
-            let units = hi - lo;
-            if units == 0 {
+            let group_lo = if g == 0 { 0 } else { members[0].0 };
+            let group_hi = groups.get(g + 1).map_or(len, |next| next[0].0);
+            // Part k's span: from its start (the group's for the first, so that zeros before
+            // it are written) to the next part's (the group's end for the last).
+            let lows: Vec<usize> = members
+                .iter()
+                .enumerate()
+                .map(|(k, (at, _))| if k == 0 { group_lo } else { *at })
+                .collect();
+            let highs: Vec<usize> = (0..members.len())
+                .map(|k| members.get(k + 1).map_or(group_hi, |next| next.0))
+                .collect();
+            let longest = lows.iter().zip(&highs).map(|(lo, hi)| hi - lo).max().unwrap_or(0);
+            if longest == 0 {
                 continue;
             }
+            let cubes_x = longest.div_ceil(CUBE as usize * PER_UNIT).clamp(1, MAX_CUBES);
             let arrays: SequenceArg<R, Array<f32>> =
                 members.iter().map(|(_, t)| t.clone().into_array_arg()).collect();
             let starts: SequenceArg<R, u32> = members.iter().map(|(at, _)| *at as u32).collect();
             let lens: SequenceArg<R, u32> =
                 members.iter().map(|(_, t)| t.shape().num_elements() as u32).collect();
-            // Each unit writes one element of `[lo, hi)` and reads a part only where the part
-            // covers it; the checked launch bounds every access anyway.
+            let lows: SequenceArg<R, u32> = lows.iter().map(|&x| x as u32).collect();
+            let highs: SequenceArg<R, u32> = highs.iter().map(|&x| x as u32).collect();
+            // Each unit writes elements of its part's span and reads the part only where the
+            // part covers them; the checked launch bounds every access anyway.
             lay_out_group::launch::<R>(
                 &client,
-                grid(units),
+                CubeCount::Static(cubes_x as u32, members.len() as u32, 1),
                 CubeDim::new_1d(CUBE),
                 arrays,
                 starts,
                 lens,
+                lows,
+                highs,
                 out.clone().into_array_arg(),
-                lo as u32,
-                units as u32,
             );
         }
         out

@@ -83,7 +83,7 @@ impl<I: Backend> FlatGradients<I> {
     pub fn norm(&self) -> f64 {
         let mut sum: Option<Tensor<I, 1>> = None;
         for r in &self.runs {
-            let s = r.grad.clone().square().sum();
+            let s = sum_of_squares(&r.grad);
             sum = Some(match sum {
                 Some(acc) => acc + s,
                 None => s,
@@ -94,6 +94,17 @@ impl<I: Backend> FlatGradients<I> {
             None => 0.0,
         }
     }
+}
+
+/// The sum of `x`'s squares, `[1]`: on the CubeCL backends in passes of partial sums
+/// (`device_sum`; Burn's sum over all elements adds each cube's partial to one address, 12 ms
+/// for the 0.6B preset's gradients on an H200).
+fn sum_of_squares<I: Backend>(x: &Tensor<I, 1>) -> Tensor<I, 1> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(s) = crate::model::device_sum::sum_of_squares(x) {
+        return s;
+    }
+    x.clone().square().sum()
 }
 
 /// AdamW over all parameters at once (see the module).
