@@ -19,8 +19,9 @@
 #   b    the same logits through transformers' pure-PyTorch TDT loss (bench/tdt_peer.py)
 #   c    `tiny` on the example corpus, 40 steps on the device, losses against the CPU reference,
 #        then eval; again with the kernel cache warm
-#   cg   c's first 3 steps from the same weights, fused and with --fusion off: each step's
-#        gradient norm against the CPU reference's (bound: 1e-2 relative at step 1)
+#   cg   c's first 3 steps from the same weights on the CPU, fused and with --fusion off, every
+#        parameter's gradient norm written (ASRT_GRAD_NORMS): each step's global norm against
+#        the CPU reference's (bound: 1e-2 relative at step 1), the parameters that differ most
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
@@ -231,17 +232,21 @@ step_c() {
 }
 check_c() { py train-tiny "$1" "$logs/c.log" "$work" "${reference:-none}"; }
 
-# Three steps of c from the reference's weights, fused and with --fusion off: each step's
-# gradient norm against the CPU reference's. On an H200 (2026-11-28) c's norm was 1 % off at
-# step 1 and twice the reference's at step 2, where lavapipe's is within 1e-3: which side of
-# fusion the difference is on.
+# Three steps of c from the reference's weights on the CPU, fused on the device and with
+# --fusion off, each writing every parameter's gradient norm per step (ASRT_GRAD_NORMS): each
+# step's global norm against the CPU reference's, and the parameters whose norms differ most
+# from the CPU run's. On an H200 (2026-11-28) c's norm was 1 % off at step 1 and twice the
+# reference's at step 2, where lavapipe's is within 1e-3: which parameter, and which side of
+# fusion.
 step_cg() {
   local cfg=examples/espeak/train.toml init=()
   [ -n "$reference" ] && [ -d "$(dirname "$reference")/init" ] && init=(--init "$(dirname "$reference")/init")
-  "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/cg-fused" --device "$train_dev" \
-    --max-steps 3 "${init[@]}" || return $?
-  "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/cg-unfused" --device "$train_dev" \
-    --max-steps 3 --fusion off "${init[@]}" || return $?
+  ASRT_GRAD_NORMS="$work/cg-cpu.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
+    --out "$work/cg-cpu" --device cpu --max-steps 3 "${init[@]}" || return $?
+  ASRT_GRAD_NORMS="$work/cg-fused.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
+    --out "$work/cg-fused" --device "$train_dev" --max-steps 3 "${init[@]}" || return $?
+  ASRT_GRAD_NORMS="$work/cg-unfused.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
+    --out "$work/cg-unfused" --device "$train_dev" --max-steps 3 --fusion off "${init[@]}" || return $?
 }
 check_cg() { py grad-norms "$1" "$logs/cg.log" "$work" "${reference:-none}"; }
 

@@ -24,6 +24,7 @@ pub mod collective;
 pub mod device_layout;
 pub mod flat_adamw;
 pub mod fused;
+pub mod grad_norms;
 pub mod grads;
 pub mod graph_release;
 pub mod host_joint;
@@ -150,6 +151,9 @@ pub enum TrainError {
     /// The precision cannot run on this backend and device.
     #[error(transparent)]
     Precision(#[from] PrecisionError),
+    /// The gradient norms `ASRT_GRAD_NORMS` asks for could not be written.
+    #[error(transparent)]
+    GradNorms(#[from] grad_norms::GradNormsError),
     /// Too many optimizer steps in a row had a non-finite loss or gradient.
     #[error(
         "{steps} optimizer steps in a row had a non-finite loss or gradient (limit \
@@ -352,6 +356,9 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     /// The largest lattice of a micro-batch that ran on this device
     /// ([`out_of_memory::lattice_cells`]), for the out-of-memory report's suggestion.
     largest_fit: Option<u128>,
+    /// Each parameter's gradient norm per step, where `ASRT_GRAD_NORMS` names a file
+    /// ([`grad_norms`]).
+    grad_norms: Option<grad_norms::GradNormLog>,
 }
 
 /// A batch encoded up to the joint (see [`Trainer::encode_batch`]).
@@ -415,6 +422,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             loss_scale: precision.scales_loss().then(crate::loss_scale::LossScale::default),
             node_transport: None,
             largest_fit: None,
+            grad_norms: grad_norms::GradNormLog::from_env(),
         })
     }
 
@@ -834,6 +842,12 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let mine_seconds = g.audio_seconds;
         let node = self.node_transport.as_deref_mut();
         let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers, node)?;
+        if self.grad_norms.is_some() && coll.rank() == 0 {
+            let norms = grad_norms::by_path(&self.model, &g.grads, self.scale());
+            if let Some(log) = &mut self.grad_norms {
+                log.write(self.step + 1, &norms)?;
+            }
+        }
         let (loss, audio_seconds, utterances) = (g.loss, g.audio_seconds, g.utterances);
         // A micro-batch whose loss was not finite makes the step's loss unknown; a step the
         // f16 loss scale backs off from (its scaled gradients overflowed) had a finite loss.
