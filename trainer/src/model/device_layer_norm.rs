@@ -23,7 +23,7 @@
 
 use burn::backend::Autodiff;
 use burn::prelude::*;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -34,7 +34,6 @@ use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, DeviceOp, CUBE,
 };
-use super::device_sum::DeviceSum;
 use super::host_depthwise::{cast, float};
 
 /// Rows per partial sum of the scale's and shift's gradients: each unit of that kernel sums one
@@ -265,13 +264,9 @@ where
             blocks as u32,
             ROWS as u32,
         );
-        let sums = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(Self::sum_axis(
-            parts, 1, false,
-        )))
-        .reshape([2, width]);
-        let d_gamma = sums.clone().narrow(0, 0, 1).reshape([width]).into_primitive().tensor();
-        let d_beta = sums.narrow(0, 1, 1).reshape([width]).into_primitive().tensor();
-        (dx, d_gamma, d_beta)
+        // The scale's partial sums are a one-tap "weight", the shift's its "bias".
+        let (d_gamma, d_beta) = device_op::weight_and_bias_sums::<Self>(parts, 1, width);
+        (dx, Self::float_reshape(d_gamma, [width].into()), d_beta)
     }
 }
 
