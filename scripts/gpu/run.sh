@@ -21,7 +21,9 @@
 #        then eval; again with the kernel cache warm
 #   cg   c's first 3 steps from the same weights on the CPU, fused and with --fusion off, every
 #        parameter's gradient norm written (ASRT_GRAD_NORMS): each step's global norm against
-#        the CPU reference's (bound: 1e-2 relative at step 1), the parameters that differ most
+#        the CPU run's (bound: 1e-2 relative at step 1), the parameters that differ most; each
+#        global norm against its parameters' norms (5e-7); the fused run with poisoned buffers
+#        (ASRT_POISON_BUFFERS=1) the same bits (a dry run does this on lavapipe)
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
@@ -239,16 +241,30 @@ check_c() { py train-tiny "$1" "$logs/c.log" "$work" "${reference:-none}"; }
 # reference's at step 2, where lavapipe's is within 1e-3: which parameter, and which side of
 # fusion.
 step_cg() {
-  local cfg=examples/espeak/train.toml init=()
-  [ -n "$reference" ] && [ -d "$(dirname "$reference")/init" ] && init=(--init "$(dirname "$reference")/init")
+  local cfg=examples/espeak/train.toml init
+  if [ -n "$reference" ] && [ -d "$(dirname "$reference")/init" ]; then
+    init="$(dirname "$reference")/init"
+  else
+    # A dry run has no bundled start: one CPU step makes one.
+    "$bin/asrt" train "$corpus" --config "$cfg" --out "$work/cg-init" --device cpu --max-steps 1 \
+      --quiet || return $?
+    init="$work/cg-init/checkpoints/step-00000001"
+  fi
   ASRT_GRAD_NORMS="$work/cg-cpu.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
-    --out "$work/cg-cpu" --device cpu --max-steps 3 "${init[@]}" || return $?
-  ASRT_GRAD_NORMS="$work/cg-fused.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
-    --out "$work/cg-fused" --device "$train_dev" --max-steps 3 "${init[@]}" || return $?
+    --out "$work/cg-cpu" --device cpu --max-steps 3 --init "$init" || return $?
+  # On the kernels' device: CUDA, or lavapipe in a dry run (3 steps of tiny take seconds there).
+  ASRT_POISON_BUFFERS=0 ASRT_GRAD_NORMS="$work/cg-fused.jsonl" "$bin/asrt" train "$corpus" \
+    --config "$cfg" --out "$work/cg-fused" --device "$dev" --max-steps 3 --init "$init" || return $?
   ASRT_GRAD_NORMS="$work/cg-unfused.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
-    --out "$work/cg-unfused" --device "$train_dev" --max-steps 3 --fusion off "${init[@]}" || return $?
+    --out "$work/cg-unfused" --device "$dev" --max-steps 3 --fusion off --init "$init" || return $?
+  # The fused run again with the trainer's kernels' new buffers filled with NaN
+  # (device_op::poisoned; the fused run above is without, also in a test-profile build): the
+  # same bits as the fused run unless a kernel reads an element no kernel wrote, which then
+  # shows as NaN instead of whatever the memory pool held.
+  ASRT_POISON_BUFFERS=1 ASRT_GRAD_NORMS="$work/cg-poisoned.jsonl" "$bin/asrt" train "$corpus" \
+    --config "$cfg" --out "$work/cg-poisoned" --device "$dev" --max-steps 3 --init "$init" || return $?
 }
-check_cg() { py grad-norms "$1" "$logs/cg.log" "$work" "${reference:-none}"; }
+check_cg() { py grad-norms "$1" "$logs/cg.log" "$work"; }
 
 # big_config FILE MAX_BATCH_SECONDS: the 0.6B preset (in a dry run its structure at a CPU's size).
 big_config() {

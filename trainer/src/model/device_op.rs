@@ -72,7 +72,8 @@ pub fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     burn_cubecl::kernel::into_contiguous(t)
 }
 
-/// A new f32 buffer of `dims`, not initialised (see the module).
+/// A new f32 buffer of `dims`, not initialised (see the module), or NaN in every element where
+/// [`poisoned`] says so.
 pub fn empty<R: CubeRuntime>(
     client: &ComputeClient<R>,
     device: &R::Device,
@@ -80,7 +81,43 @@ pub fn empty<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let n: usize = dims.iter().product();
     let handle = client.empty(n * std::mem::size_of::<f32>());
-    CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32)
+    let out =
+        CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32);
+    if poisoned() && n > 0 {
+        fill::launch::<R>(
+            client,
+            grid(n),
+            CubeDim::new_1d(CUBE),
+            out.clone().into_array_arg(),
+            f32::NAN,
+            n as u32,
+        );
+    }
+    out
+}
+
+/// Whether [`empty`] fills its buffers with NaN: where `ASRT_POISON_BUFFERS` is `1` (`0`: not),
+/// and when it is unset in debug builds (the tests). A buffer from the memory pool holds what
+/// its last user left: on lavapipe often zeros or a like tensor's values, on CUDA another
+/// operation's. A kernel that reads an element no kernel wrote then gives NaN on every backend
+/// instead of a value that depends on the pool (the GPU kit's step cg compares a run with it
+/// and one without).
+pub fn poisoned() -> bool {
+    static POISONED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *POISONED.get_or_init(|| match std::env::var("ASRT_POISON_BUFFERS").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => cfg!(debug_assertions),
+    })
+}
+
+/// `value` in each of `out`'s first `units` elements.
+#[cube(launch)]
+fn fill(out: &mut Array<f32>, value: f32, units: u32) {
+    let pos = unit_index();
+    if pos < units {
+        out[pos as usize] = value;
+    }
 }
 
 /// The gradients of a weight `[taps, C]` and a bias `[C]` from partial sums over blocks of rows
@@ -218,4 +255,35 @@ pub fn relative_difference<B: burn::prelude::Backend, const D: usize>(
     let b = b.into_data().into_vec::<f32>().unwrap();
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+}
+
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+mod tests {
+    use super::*;
+    use burn::backend::wgpu::WgpuRuntime;
+
+    /// In a test build a new buffer is NaN in every element (unless `ASRT_POISON_BUFFERS=0`), so
+    /// the kernels' tests fail on a read of an element their kernel did not write. Taken from a
+    /// pool that held ones just before, so zeros left there would not pass either.
+    #[test]
+    fn new_buffers_are_nan_in_test_builds() {
+        if std::env::var("ASRT_POISON_BUFFERS").as_deref() == Ok("0") {
+            eprintln!("skipped: ASRT_POISON_BUFFERS=0");
+            return;
+        }
+        assert!(poisoned());
+        let device = Default::default();
+        let ones =
+            Tensor::<burn::backend::Wgpu, 1>::ones([1000], &device).into_primitive().tensor();
+        let client = ones.client.clone();
+        drop(ones);
+        let t: CubeTensor<WgpuRuntime> = empty(&client, &device, vec![10, 100]);
+        let values = Tensor::<burn::backend::Wgpu, 2>::from_primitive(TensorPrimitive::Float(t))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        assert_eq!(values.len(), 1000);
+        assert!(values.iter().all(|v| v.is_nan()), "{:?}", &values[..8]);
+    }
 }
