@@ -335,6 +335,32 @@ def check_train_big(rc, log, work, name="d"):
             f"{mfu_s}")
 
 
+def check_matmul(rc, log, work):
+    """mm: every kernel ran right or said why not; the fastest correct kernel over Burn's."""
+    data = load_json(os.path.join(work, "mm.json"))
+    if rc != 0 or data is None:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    rows = data["results"]
+    wrong = sorted({r["kernel"] for r in rows if r.get("available") and not r.get("correct")})
+    unavailable = sorted({r["kernel"] for r in rows if not r.get("available")})
+    totals = {t["kernel"]: t["total_seconds"] for t in data["totals"]}
+    best = data.get("fastest_correct")
+    burn = totals.get("burn")
+    note = []
+    if best:
+        note.append(f"fastest correct {best['kernel']} {best['total_seconds'] * 1e3:.2f} ms over the cases")
+        if burn:
+            note.append(f"burn {burn * 1e3:.2f} ms ({burn / best['total_seconds']:.2f}x)")
+    peak = max((r["tflops"] for r in rows if r.get("correct")), default=0.0)
+    note.append(f"best case {peak:.1f} TFLOP/s")
+    if wrong:
+        note.append("WRONG (error over " + str(data["error_bound"]) + "): " + ", ".join(wrong))
+    if unavailable:
+        note.append(f"{len(unavailable)} unavailable here")
+    save(work, "mm", {"totals": data["totals"], "fastest_correct": best})
+    return f"{'PASS' if best and not wrong else 'FAIL'}: " + "; ".join(note)
+
+
 def check_profile(rc, log, work, dry="0"):
     """dp: one steady step's launches and device time (profile_summary.py's JSON), against dw's
     wall time per step when dw ran on the same device (not in a dry run, whose dw is the CPU's)."""
@@ -444,7 +470,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:
@@ -467,6 +493,7 @@ def main():
         "grad-norms": lambda: check_grad_norms(rc, *args[1:]),
         "train-big": lambda: check_train_big(rc, *args[1:]),
         "profile": lambda: check_profile(rc, *args[1:]),
+        "matmul": lambda: check_matmul(rc, *args[1:]),
         "peer-step": lambda: check_peer_step(rc, *args[1:]),
         "oom": lambda: check_oom(rc, *args[1:]),
         "refusals": lambda: check_refusals(rc, *args[1:]),

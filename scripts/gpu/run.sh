@@ -37,6 +37,11 @@
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
 #        time scales with the batch
+#   mm   each matmul kernel of `asrt train --matmul` (cubek's strategies) at the 0.6B preset's
+#        linear products, forward and both gradients' forms: time, TFLOP/s, error against
+#        float64, the fastest correct one (asrt-bench matmul)
+#   dm   dw with mm's fastest correct kernel other than Burn's (`--matmul`), run twice (the
+#        first compiles it)
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
 #        bf16 autocast, with its TDT loss and with a log-softmax in its place (bench/peer_step.py);
 #        d over e is the headline figure (ASRT_PEER_RUNS picks the runs; e runs right after dp)
@@ -69,7 +74,7 @@ while [ $# -gt 0 ]; do
       # figure (fusion's gain) was measured (bench/RESULTS.md).
       only="env,c,cg,d,dw,dp,e,db,g"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,53p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -258,7 +263,7 @@ step_cg() {
   ASRT_GRAD_NORMS="$work/cg-unfused.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
     --out "$work/cg-unfused" --device "$dev" --max-steps 3 --fusion off --init "$init" || return $?
   # The fused run again with the trainer's kernels' new buffers filled with NaN
-  # (device_op::poisoned; the fused run above is without, also in a test-profile build): the
+  # (device_op::poisoned; the fused run above is without): the
   # same bits as the fused run unless a kernel reads an element no kernel wrote, which then
   # shows as NaN instead of whatever the memory pool held.
   ASRT_POISON_BUFFERS=1 ASRT_GRAD_NORMS="$work/cg-poisoned.jsonl" "$bin/asrt" train "$corpus" \
@@ -343,6 +348,36 @@ step_dp() {
   return $rc
 }
 check_dp() { py profile "$1" "$logs/dp.log" "$work" "$dry"; }
+
+# Each matmul kernel of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
+# strategies, bare): time, TFLOP/s, error against float64, the fastest correct (mm.json).
+step_mm() {
+  "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 > "$work/mm.json"
+}
+check_mm() { py matmul "$1" "$logs/mm.log" "$work"; }
+
+# dw with mm's fastest correct kernel other than Burn's for the linear layers (`--matmul`),
+# twice as db is: its kernels are new to the cache (the first run compiles them, the second is
+# the steady figure).
+step_dm() {
+  big_setup || return $?
+  local k steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" mdev="$train_dev"
+  # The fastest correct of cubek's kernels other than Burn's own (which dw ran).
+  k="$(python3 -c '
+import json, sys
+t = [x for x in json.load(open(sys.argv[1]))["totals"] if x["kernel"] != "burn" and x["total_seconds"]]
+print(min(t, key=lambda x: x["total_seconds"])["kernel"] if t else "")' "$work/mm.json" 2>/dev/null)"
+  [ -n "$k" ] || { echo "dm runs after mm (it trains with mm's fastest correct kernel); mm found none"; return 2; }
+  echo "kernel: $k"
+  # The dry run trains on the CPU, which has no CubeCL kernels: lavapipe instead.
+  [ "$dry" = 1 ] && mdev="$dev"
+  # (A dry run checks the flag's path once: lavapipe compiles as it goes.)
+  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/dm0-run" --device "$mdev" --max-steps "$steps" --matmul "$k" || return $?
+  measured dm "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/dm-run" \
+    --device "$mdev" --max-steps "$steps" --matmul "$k"
+}
+check_dm() { py train-big "$1" "$logs/dm.log" "$work" dm; }
 
 # dw without fusion: each tensor operation its own kernel, as every run before fusion was. Run
 # twice, as db is: the unfused kernels are not in the cache d left.
@@ -449,7 +484,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured big_setup step_env step_c step_cg step_d step_dw step_dp step_du step_db step_d2 step_e step_f step_g long_corpus big_config
+export -f measured big_setup step_env step_c step_cg step_d step_dw step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -463,6 +498,8 @@ run_step dw 300 step_dw
 run_step dp 240 step_dp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e
+run_step mm 240 step_mm
+run_step dm 400 step_dm
 run_step du 300 step_du
 run_step db 400 step_db
 run_step d2 300 step_d2

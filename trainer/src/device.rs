@@ -292,6 +292,13 @@ pub struct DeviceArgs {
     /// `off` launches one kernel per operation. Results agree within rounding either way.
     #[arg(long, value_enum, default_value = "on")]
     pub fusion: Fusion,
+    /// On cuda and wgpu, in f32: the matmul kernel of the linear layers' products and their
+    /// gradients. `burn` is Burn's own (under fusion cubek's simple cyclic CMMA); the others
+    /// are cubek's strategies by name (`asrt-bench matmul --device cuda:0` times each at the
+    /// 0.6B preset's shapes). A kernel the device cannot run falls back to Burn's, with a
+    /// warning.
+    #[arg(long, value_enum, default_value = "burn")]
+    pub matmul: crate::model::matmul_kernel::Kernel,
 }
 
 /// Why the devices cannot be used on this machine.
@@ -320,8 +327,10 @@ impl DeviceArgs {
         KernelCache::resolve(self.kernel_cache.as_deref(), &|k| std::env::var(k).ok())
     }
 
-    /// [`Devices::prepare`] with the kernel cache the flag and the environment name.
+    /// [`Devices::prepare`] with the kernel cache the flag and the environment name, and the
+    /// matmul kernel chosen for this process.
     pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
+        crate::model::matmul_kernel::choose(self.matmul);
         devices.prepare(&self.kernel_cache(), processes)
     }
 

@@ -67,7 +67,10 @@ pub use eval::{
 pub use model::augment::SpecAugmentDraws;
 pub use model::config::{ModelConfigError, PreprocessorConfig, SpecAugmentConfig};
 pub use model::decoder::Joint;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use model::device_matmul::try_bare as try_matmul;
 pub use model::greedy::{BurnGreedy, DeviceState};
+pub use model::matmul_kernel::Kernel as MatmulKernel;
 pub use model::mel::{unpack_pcm, MelFrontend};
 pub use model::precision::{Precision, PrecisionError};
 pub use model::{ModelConfig, TdtModel};

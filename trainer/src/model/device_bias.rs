@@ -132,7 +132,8 @@ pub fn on_device<B: Backend>(x: &Tensor<B, 2>, b: &Tensor<B, 1>) -> Option<Tenso
     None
 }
 
-/// A linear layer in f32, `x · w + b` (`w` `[in, out]`, Burn's layout), the bias added by this
+/// A linear layer in f32, `x · w + b` (`w` `[in, out]`, Burn's layout; the product with the
+/// chosen kernel, `device_matmul`), the bias added by this
 /// operation, where [`on_device`] takes the tensors (checked before the product is computed);
 /// `None` elsewhere.
 pub fn linear<B: Backend>(
@@ -151,11 +152,11 @@ pub fn linear<B: Backend>(
         T,
         {
             let (x, w) = (cast::<_, Tensor<Autodiff<T>, 2>>(x.clone())?, cast(w.clone())?);
-            cast(tracked::<T>(x.matmul(w), cast(b.clone())?))
+            cast(tracked::<T>(super::device_matmul::matmul(x, w), cast(b.clone())?))
         },
         {
             let (x, w) = (cast::<_, Tensor<T, 2>>(x.clone())?, cast(w.clone())?);
-            cast(bare::<T>(x.matmul(w), cast(b.clone())?))
+            cast(bare::<T>(super::device_matmul::matmul(x, w), cast(b.clone())?))
         }
     );
     None

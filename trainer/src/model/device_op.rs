@@ -80,44 +80,33 @@ pub fn empty<R: CubeRuntime>(
     dims: Vec<usize>,
 ) -> CubeTensor<R> {
     let n: usize = dims.iter().product();
-    let handle = client.empty(n * std::mem::size_of::<f32>());
-    let out =
-        CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32);
-    if poisoned() && n > 0 {
-        fill::launch::<R>(
-            client,
-            grid(n),
-            CubeDim::new_1d(CUBE),
-            out.clone().into_array_arg(),
-            f32::NAN,
-            n as u32,
-        );
-    }
-    out
+    let handle = if poisoned() {
+        // Uploaded with the allocation: no kernel of its own to compile and launch.
+        let nan: Vec<u8> = f32::NAN.to_ne_bytes().repeat(n);
+        client.create_from_slice(&nan)
+    } else {
+        client.empty(n * std::mem::size_of::<f32>())
+    };
+    CubeTensor::new_contiguous(client.clone(), device.clone(), dims.into(), handle, DType::F32)
 }
 
 /// Whether [`empty`] fills its buffers with NaN: where `ASRT_POISON_BUFFERS` is `1` (`0`: not),
-/// and when it is unset in debug builds (the tests). A buffer from the memory pool holds what
-/// its last user left: on lavapipe often zeros or a like tensor's values, on CUDA another
-/// operation's. A kernel that reads an element no kernel wrote then gives NaN on every backend
-/// instead of a value that depends on the pool (the GPU kit's step cg compares a run with it
-/// and one without).
+/// and when it is unset in this crate's unit tests, where the operations are tested. A buffer
+/// from the memory pool holds what its last user left: on lavapipe often zeros or a like
+/// tensor's values, on CUDA another operation's. A kernel that reads an element no kernel wrote
+/// then gives NaN on every backend instead of a value that depends on the pool (the GPU kit's
+/// step cg compares a run with it and one without).
+///
+/// Not for a run that must go on after an out-of-memory: on lavapipe, after a decoding
+/// batch's allocation failed with poisoned buffers, the next, smaller batch found the device
+/// in an invalid state (a missing memory page); without them it decodes.
 pub fn poisoned() -> bool {
     static POISONED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *POISONED.get_or_init(|| match std::env::var("ASRT_POISON_BUFFERS").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
-        _ => cfg!(debug_assertions),
+        _ => cfg!(test),
     })
-}
-
-/// `value` in each of `out`'s first `units` elements.
-#[cube(launch)]
-fn fill(out: &mut Array<f32>, value: f32, units: u32) {
-    let pos = unit_index();
-    if pos < units {
-        out[pos as usize] = value;
-    }
 }
 
 /// The gradients of a weight `[taps, C]` and a bias `[C]` from partial sums over blocks of rows
@@ -263,11 +252,11 @@ mod tests {
     use super::*;
     use burn::backend::wgpu::WgpuRuntime;
 
-    /// In a test build a new buffer is NaN in every element (unless `ASRT_POISON_BUFFERS=0`), so
+    /// In the unit tests a new buffer is NaN in every element (unless `ASRT_POISON_BUFFERS=0`), so
     /// the kernels' tests fail on a read of an element their kernel did not write. Taken from a
     /// pool that held ones just before, so zeros left there would not pass either.
     #[test]
-    fn new_buffers_are_nan_in_test_builds() {
+    fn new_buffers_are_nan_in_the_unit_tests() {
         if std::env::var("ASRT_POISON_BUFFERS").as_deref() == Ok("0") {
             eprintln!("skipped: ASRT_POISON_BUFFERS=0");
             return;

@@ -23,6 +23,8 @@ pub mod device_layer_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_lstm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_matmul;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_mixed;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_op;
@@ -49,6 +51,7 @@ pub mod host_rel_shift;
 pub mod host_reshape;
 pub mod host_silu;
 pub mod mask;
+pub mod matmul_kernel;
 pub mod mel;
 pub mod precision;
 

@@ -159,11 +159,16 @@ impl Precision {
             // On the CubeCL backends the bias is one operation whose gradient is summed in
             // passes (`device_bias`).
             #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            if let Some(y) =
-                bias.and_then(|b| super::device_bias::linear(&x, &layer.weight.val(), &b))
             {
-                return y;
+                let w = layer.weight.val();
+                return match bias {
+                    Some(b) => {
+                        super::device_bias::linear(&x, &w, &b).unwrap_or_else(|| layer.forward(x))
+                    }
+                    None => super::device_matmul::matmul(x, w),
+                };
             }
+            #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
             return layer.forward(x);
         }
         self.linear_down(layer, x)
@@ -221,6 +226,11 @@ impl Precision {
             return y;
         }
         on_rows(x, |x| {
+            // In f32 on the CubeCL types, the product with the chosen kernel (`device_matmul`).
+            #[cfg(any(feature = "wgpu", feature = "cuda"))]
+            if self.compute().is_none() {
+                return super::device_matmul::matmul(x, layer.weight.val());
+            }
             self.up(burn::tensor::module::linear(self.down(x), self.down(layer.weight.val()), None))
         })
     }

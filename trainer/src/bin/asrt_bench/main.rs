@@ -11,6 +11,8 @@
 //!   (wgpu).
 //! - `model-shape`: parameter count of a preset and the time of one forward pass (front end,
 //!   encoder, prediction network, joint) on the CPU backend.
+//! - `matmul`: each matmul kernel of `--matmul` at the 0.6B preset's linear products on a
+//!   device (wgpu, cuda:N): time, TFLOP/s, error against float64.
 //! - `tdt-check`: the loss on a device (cpu: burn-flex, wgpu, cuda:N) against the float64 CPU
 //!   path per logits type, timed against a log-softmax (the GPU kit's first step).
 //!
@@ -30,6 +32,8 @@ use asr_trainer::{Durations, EpochPlan, SamplerConfig, SamplerMode, IDLE};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod matmul;
 mod tdt_check;
 
 #[derive(Parser)]
@@ -201,6 +205,24 @@ enum Bench {
         #[arg(long)]
         json_out: Option<PathBuf>,
     },
+    /// Each matmul kernel `asrt train --matmul` takes, at the 0.6B preset's linear products
+    /// (forward, and the input's and the weight's gradients, whose operands are transposed
+    /// views): median time per product, TFLOP/s, the largest error against float64 on sampled
+    /// outputs, and the fastest kernel that ran every case right. A kernel the device cannot run
+    /// is listed with the reason.
+    Matmul {
+        /// `wgpu` or `cuda:N`.
+        #[arg(long, default_value = "wgpu")]
+        device: String,
+        /// Kernels, comma-separated (default: all).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        kernels: Option<Vec<asr_trainer::MatmulKernel>>,
+        /// `parakeet` or `small` (for dry runs).
+        #[arg(long, default_value = "parakeet")]
+        sizes: String,
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+    },
     /// NCCL at world size 1 on `cuda:N`: the in-process all-reduce (CubeCL's client) and the
     /// between-processes communicator (cudarc), each summing a known vector; a build without
     /// CUDA says so.
@@ -232,6 +254,40 @@ fn memory() -> (f64, f64, f64, f64) {
             .map_or(f64::NAN, |kb| kb / 1024.0)
     };
     (field("VmRSS:"), field("RssAnon:"), field("RssFile:"), field("VmHWM:"))
+}
+
+/// `matmul` on the device named (bare, unfused: the kernels as launched).
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
+fn matmul_bench(
+    device: &str,
+    kernels: Option<&[asr_trainer::MatmulKernel]>,
+    sizes: &str,
+    repeats: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let kernels = kernels.map_or_else(|| asr_trainer::MatmulKernel::ALL.to_vec(), <[_]>::to_vec);
+    let devices: Devices = device.parse()?;
+    devices.prepare(&kernel_cache(), false)?;
+    let name = device;
+    match devices {
+        #[cfg(feature = "wgpu")]
+        Devices::Wgpu(..) => {
+            matmul::run::<burn::backend::Wgpu>(&Default::default(), name, &kernels, sizes, repeats)
+        }
+        #[cfg(feature = "cuda")]
+        Devices::Cuda(ordinals, _) => matmul::run::<burn::backend::Cuda>(
+            &burn::backend::cuda::CudaDevice::new(ordinals[0]),
+            name,
+            &kernels,
+            sizes,
+            repeats,
+        ),
+        _ => anyhow::bail!("matmul runs on wgpu or cuda:N, not {device}"),
+    }
+}
+
+/// Waits for the device's queued work (a failure it reports is an error).
+fn sync<B: burn::tensor::backend::Backend>(device: &B::Device) -> anyhow::Result<()> {
+    B::sync(device).map_err(|e| anyhow::anyhow!("the device failed: {e:?}"))
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -446,6 +502,9 @@ fn main() -> anyhow::Result<()> {
             v
         }
         Bench::NcclCheck { device } => nccl_check(&device)?,
+        Bench::Matmul { device, kernels, sizes, repeats } => {
+            matmul_bench(&device, kernels.as_deref(), &sizes, repeats)?
+        }
         Bench::Tdt { batch, frames, targets, vocab, repeats } => {
             tdt_bench(batch, frames, targets, vocab, repeats)?
         }

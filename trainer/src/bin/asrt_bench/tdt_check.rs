@@ -15,7 +15,7 @@ use asr_tdt::TdtOptions;
 use burn::tensor::{activation, DType, Tensor, TensorData, TensorPrimitive};
 use serde_json::{json, Value};
 
-use super::median;
+use super::{median, sync};
 
 /// One loss input: `[batch, t_max, u_max]` padded sizes, `vocab` token classes with blank.
 #[derive(Debug, Clone, Copy)]
@@ -106,10 +106,6 @@ fn dtype_named(name: &str) -> anyhow::Result<DType> {
         "bf16" => DType::BF16,
         other => anyhow::bail!("--dtypes {other}: expected f32, f16 or bf16"),
     })
-}
-
-fn sync<B: burn::tensor::backend::Backend>(device: &B::Device) -> anyhow::Result<()> {
-    B::sync(device).map_err(|e| anyhow::anyhow!("the device failed: {e:?}"))
 }
 
 /// Every shape and type on `device`.

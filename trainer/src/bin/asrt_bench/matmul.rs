@@ -1,0 +1,165 @@
+//! `matmul`: each of `--matmul`'s kernels (`model::device_matmul`) at the 0.6B preset's linear
+//! products, forward and both gradients' forms: median time per product, TFLOP/s, and the
+//! largest error against float64 on sampled outputs (relative to the sum of the terms'
+//! magnitudes; TF32 on CUDA's tensor cores gives about 1e-3). A kernel the device cannot run is
+//! listed with cubek's reason. Which kernel to train with (`asrt train --matmul`) is this
+//! table's fastest correct one.
+
+use std::time::Instant;
+
+use asr_plan::rng::SplitMix64;
+use asr_trainer::{try_matmul as try_bare, MatmulKernel as Kernel};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use serde_json::{json, Value};
+
+use super::{median, sync};
+
+/// One product `a [m, k] · b [k, n]`; `a_t`/`b_t`: the operand is a transposed view (as the
+/// weight's gradient reads the input and the input's gradient the weight).
+struct Case {
+    name: &'static str,
+    m: usize,
+    k: usize,
+    n: usize,
+    a_t: bool,
+    b_t: bool,
+}
+
+/// Errors above this are a wrong kernel, not rounding (TF32: about 1e-3).
+const WRONG: f64 = 1e-2;
+
+fn cases(sizes: &str) -> anyhow::Result<Vec<Case>> {
+    let c = |name, m, k, n, a_t, b_t| Case { name, m, k, n, a_t, b_t };
+    Ok(match sizes {
+        // 1440 rows: about 115 s of audio at 80 ms frames, the kit's d batch; the feed-forward
+        // (1024 -> 4096 -> 1024) and the attention's projections (1024 -> 1024).
+        "parakeet" => vec![
+            c("ff-up forward", 1440, 1024, 4096, false, false),
+            c("ff-down forward", 1440, 4096, 1024, false, false),
+            c("ff-up input grad (dy wT)", 1440, 4096, 1024, false, true),
+            c("ff-up weight grad (xT dy)", 1024, 1440, 4096, true, false),
+            c("projection forward", 1440, 1024, 1024, false, false),
+        ],
+        "small" => vec![
+            c("forward", 96, 64, 80, false, false),
+            c("input grad (dy wT)", 96, 80, 64, false, true),
+            c("weight grad (xT dy)", 64, 96, 80, true, false),
+        ],
+        other => anyhow::bail!("--sizes {other}: expected parakeet or small"),
+    })
+}
+
+/// A `[rows, cols]` operand of values in [-1, 1), as a transposed view of its transpose when
+/// `transposed`; and its values row-major in the logical layout.
+fn operand<B: Backend>(
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+    rng: &mut SplitMix64,
+    device: &B::Device,
+) -> (Tensor<B, 2>, Vec<f64>) {
+    let values: Vec<f32> = (0..rows * cols).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect();
+    let logical = values.iter().map(|&v| f64::from(v)).collect();
+    let t = if transposed {
+        // Stored as [cols, rows] with the logical (r, c) at (c, r).
+        let mut stored = vec![0.0f32; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                stored[c * rows + r] = values[r * cols + c];
+            }
+        }
+        Tensor::<B, 2>::from_data(TensorData::new(stored, [cols, rows]), device).transpose()
+    } else {
+        Tensor::<B, 2>::from_data(TensorData::new(values, [rows, cols]), device)
+    };
+    (t, logical)
+}
+
+/// Every kernel on every case of `sizes`.
+pub fn run<B: Backend>(
+    device: &B::Device,
+    device_name: &str,
+    kernels: &[Kernel],
+    sizes: &str,
+    repeats: usize,
+) -> anyhow::Result<Value> {
+    let mut rng = SplitMix64::new(11);
+    let mut rows = Vec::new();
+    for case in cases(sizes)? {
+        let Case { name, m, k, n, a_t, b_t } = case;
+        let (a, av) = operand::<B>(m, k, a_t, &mut rng, device);
+        let (b, bv) = operand::<B>(k, n, b_t, &mut rng, device);
+        // 512 sampled outputs in float64, with their terms' magnitudes summed.
+        let samples: Vec<(usize, usize)> = (0..512)
+            .map(|_| (rng.below(m as u64) as usize, rng.below(n as u64) as usize))
+            .collect();
+        let want: Vec<(f64, f64)> = samples
+            .iter()
+            .map(|&(i, j)| {
+                (0..k).fold((0.0, 0.0), |(s, mag), p| {
+                    let t = av[i * k + p] * bv[p * n + j];
+                    (s + t, mag + t.abs())
+                })
+            })
+            .collect();
+        let flops = 2.0 * (m * k * n) as f64;
+        for &kernel in kernels {
+            let start = Instant::now();
+            let first = match try_bare(&a, &b, kernel) {
+                None => anyhow::bail!("matmul runs on wgpu or cuda:N, not {device_name}"),
+                Some(Err(why)) => {
+                    rows.push(json!({"case": name, "kernel": kernel.name(), "available": false,
+                                     "why": why.chars().take(300).collect::<String>()}));
+                    continue;
+                }
+                Some(Ok(y)) => y,
+            };
+            let got = first.into_data().into_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let first_s = start.elapsed().as_secs_f64();
+            let error = samples
+                .iter()
+                .zip(&want)
+                .map(|(&(i, j), &(w, mag))| (f64::from(got[i * n + j]) - w).abs() / mag.max(1e-30))
+                .fold(0.0, f64::max);
+            // Launches in a row, then one wait: the device's time per product, not the host's
+            // round trip.
+            let inner = if m * k * n > 1 << 24 { 20 } else { 5 };
+            let mut times = Vec::new();
+            for _ in 0..repeats.max(1) {
+                sync::<B>(device)?;
+                let t = Instant::now();
+                for _ in 0..inner {
+                    let _ = try_bare(&a, &b, kernel);
+                }
+                sync::<B>(device)?;
+                times.push(t.elapsed().as_secs_f64() / inner as f64);
+            }
+            let seconds = median(times);
+            rows.push(json!({
+                "case": name, "kernel": kernel.name(), "available": true,
+                "m": m, "k": k, "n": n, "seconds": seconds, "tflops": flops / seconds / 1e12,
+                "first_seconds": first_s, "max_error": error, "correct": error <= WRONG,
+            }));
+        }
+    }
+    // Per kernel: the sum of its median times over the cases, where it ran all of them right.
+    let mut totals = Vec::new();
+    for &kernel in kernels {
+        let mine: Vec<&Value> = rows.iter().filter(|r| r["kernel"] == kernel.name()).collect();
+        let all_ok =
+            !mine.is_empty() && mine.iter().all(|r| r["available"] == true && r["correct"] == true);
+        let total: f64 = mine.iter().filter_map(|r| r["seconds"].as_f64()).sum();
+        totals.push(json!({"kernel": kernel.name(), "all_cases_correct": all_ok,
+                           "total_seconds": if all_ok { json!(total) } else { Value::Null }}));
+    }
+    let best = totals
+        .iter()
+        .filter_map(|t| Some((t["kernel"].as_str()?, t["total_seconds"].as_f64()?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(k, s)| json!({"kernel": k, "total_seconds": s}));
+    Ok(json!({
+        "bench": "matmul", "device": device_name, "sizes": sizes, "repeats": repeats,
+        "error_bound": WRONG, "results": rows, "totals": totals, "fastest_correct": best,
+    }))
+}

@@ -1,0 +1,337 @@
+//! A linear layer's product `x [rows, in] · w [in, out]` launched with a chosen CubeCL matmul
+//! kernel (`cubek`'s strategies) on the CubeCL backends (wgpu, CUDA; fused or not), and its two
+//! gradients (`dy · wᵀ`, `xᵀ · dy`) with the same kernel; Burn's own product by default.
+//!
+//! Why: without autotune Burn runs one fixed kernel, under fusion cubek's simple cyclic CMMA
+//! (TF32 on CUDA for f32). On an H200 the 0.6B step's 1,314 products took 0.240 s of its
+//! 0.474 s of device time, about 21 TFLOP/s (bench/RESULTS.md, "The step on the device").
+//! Autotune picks per shape but timed candidates for minutes on the first steps
+//! (README, "Kernel cache"). Here `asrt-bench matmul` times each kernel at the preset's shapes
+//! once, and `--matmul KERNEL` (or `ASRT_MATMUL`) trains with the fastest.
+//!
+//! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
+//! under autodiff, with f32 tensors, where a kernel other than [`Kernel::Burn`] is chosen;
+//! Burn's `matmul` elsewhere. A kernel the device cannot run (CMMA on lavapipe, TMA before
+//! Hopper) falls back to Burn's product, saying so once.
+//!
+//! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
+//! 10-bit mantissa on CUDA's tensor cores); the input's gradient is computed only where the
+//! input is tracked, and so is the weight's.
+
+use std::sync::Mutex;
+
+use burn::backend::Autodiff;
+use burn::prelude::*;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_fusion::{Fusion, FusionBackend};
+use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+use cubek::matmul::launch::Strategy;
+use cubek::std::InputBinding;
+
+use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
+use super::host_depthwise::{cast, float};
+pub use super::matmul_kernel::{chosen, Kernel};
+
+/// cubek's strategy for `kernel`, with the blueprint inferred from the problem; `None` for
+/// Burn's.
+fn strategy(kernel: Kernel) -> Option<Strategy> {
+    Some(match kernel {
+        Kernel::Burn => return None,
+        Kernel::SimpleCyclicCmma => Strategy::SimpleCyclicCmma(Default::default()),
+        Kernel::SimpleCyclicMma => Strategy::SimpleCyclicMma(Default::default()),
+        Kernel::SimpleTmaCmma => Strategy::SimpleTmaCmma(Default::default()),
+        Kernel::DoubleCyclicCmma => Strategy::DoubleCyclicCmma(Default::default()),
+        Kernel::DoubleCyclicMma => Strategy::DoubleCyclicMma(Default::default()),
+        Kernel::DoubleTilewiseCmma => Strategy::DoubleTilewiseCmma(Default::default()),
+        Kernel::DoubleHybridCmma => Strategy::DoubleHybridCmma(Default::default()),
+        Kernel::DoubleTmaCmma => Strategy::DoubleTmaCmma(Default::default()),
+        Kernel::DoubleTmaMma => Strategy::DoubleTmaMma(Default::default()),
+        Kernel::SpecializedCyclicCmma => Strategy::SpecializedCyclicCmma(Default::default()),
+        Kernel::SpecializedTmaCmma => Strategy::SpecializedTmaCmma(Default::default()),
+        Kernel::OrderedDoubleCmma => Strategy::OrderedDoubleCmma(Default::default()),
+        Kernel::OrderedDoubleMma => Strategy::OrderedDoubleMma(Default::default()),
+        Kernel::SimpleUnit => Strategy::SimpleUnit(Default::default()),
+        Kernel::DoubleUnit => Strategy::DoubleUnit(Default::default()),
+    })
+}
+
+/// Kernels that failed to launch, each reported once.
+static REPORTED: Mutex<Vec<Kernel>> = Mutex::new(Vec::new());
+
+/// Says once per kernel that it could not run here and Burn's product is used instead.
+fn report_fallback(kernel: Kernel, why: &str) {
+    let Ok(mut seen) = REPORTED.lock() else { return };
+    if !seen.contains(&kernel) {
+        seen.push(kernel);
+        eprintln!(
+            "warning: --matmul {}: cannot run on this device ({why}); Burn's product is used",
+            kernel.name()
+        );
+    }
+}
+
+/// The product with a chosen kernel: the backends that have it.
+pub trait DeviceMatmul: Backend {
+    /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, or why it
+    /// could not run.
+    fn try_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        kernel: Kernel,
+    ) -> Result<FloatTensor<Self>, String>;
+
+    /// [`Self::try_product`], else Burn's product (reporting why once).
+    fn product(a: FloatTensor<Self>, b: FloatTensor<Self>, kernel: Kernel) -> FloatTensor<Self> {
+        match Self::try_product(a.clone(), b.clone(), kernel) {
+            Ok(y) => y,
+            Err(why) => {
+                report_fallback(kernel, &why);
+                Self::float_matmul(a, b)
+            }
+        }
+    }
+}
+
+impl<R, F, I, BT> DeviceMatmul for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn try_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        kernel: Kernel,
+    ) -> Result<FloatTensor<Self>, String> {
+        let Some(strategy) = strategy(kernel) else {
+            return Ok(Self::float_matmul(a, b));
+        };
+        let (m, n) = (a.shape()[0], b.shape()[1]);
+        let (client, device) = (a.client.clone(), a.device.clone());
+        let out = empty::<R>(&client, &device, vec![m, n]);
+        if m == 0 || n == 0 {
+            return Ok(out);
+        }
+        // cubek reads strided operands; other layouts than a plain or transposed matrix are
+        // made contiguous first.
+        let operand = |t: FloatTensor<Self>| {
+            let t = if is_matrix_view(&t) { t } else { contiguous(t) };
+            InputBinding::new(t.binding(), DType::F32.into())
+        };
+        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+            lhs: DType::F32.into(),
+            rhs: DType::F32.into(),
+            out: DType::F32.into(),
+        });
+        cubek::matmul::launch::launch_ref(
+            &strategy,
+            &client,
+            operand(a),
+            operand(b),
+            out.clone().binding(),
+            &mut dtypes,
+        )
+        .map_err(|e| format!("{e:?}").trim().replace('\n', "; "))?;
+        Ok(out)
+    }
+}
+
+/// Whether `t` is a row-major matrix or its transpose (unit stride on one axis, the other's
+/// stride at least that axis's length).
+fn is_matrix_view<R: CubeRuntime>(t: &burn_cubecl::tensor::CubeTensor<R>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    shape.num_dims() == 2
+        && ((strides[1] == 1 && strides[0] >= shape[1])
+            || (strides[0] == 1 && strides[1] >= shape[0]))
+}
+
+impl<B> DeviceMatmul for Fusion<B>
+where
+    B: FusionBackend + DeviceMatmul,
+{
+    fn try_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        kernel: Kernel,
+    ) -> Result<FloatTensor<Self>, String> {
+        let client = a.client.clone();
+        let resolve = |t| client.resolve_tensor_float::<B>(t);
+        let y = B::try_product(resolve(a), resolve(b), kernel)?;
+        Ok(asr_tdt::fusion::adopt::<B>(&client, y))
+    }
+}
+
+/// The product with one kernel, as a [`DeviceOp`] of the input and the weight.
+#[derive(Debug, Clone, Copy)]
+struct Product(Kernel);
+
+impl<B: DeviceMatmul> DeviceBackward<B, 2> for Product {
+    type Saved = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
+        let [dx, dw] =
+            <Self as DeviceBackward<B, 2>>::backward_tracked(self, saved, dy, [true, true]);
+        [dx, dw].map(|g| g.expect("both asked for"))
+    }
+
+    fn backward_tracked(
+        &self,
+        (x, w): Self::Saved,
+        dy: FloatTensor<B>,
+        [want_x, want_w]: [bool; 2],
+    ) -> [Option<FloatTensor<B>>; 2] {
+        let dx = want_x.then(|| B::product(dy.clone(), B::float_transpose(w), self.0));
+        let dw = want_w.then(|| B::product(B::float_transpose(x), dy, self.0));
+        [dx, dw]
+    }
+}
+
+impl<B: DeviceMatmul> DeviceOp<B, 2> for Product {
+    fn forward(&self, [x, w]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, Self::Saved) {
+        (B::product(x.clone(), w.clone(), self.0), (x, w))
+    }
+}
+
+/// `x [rows, in] · w [in, out]` with the [`chosen`] kernel where the backend is one of the
+/// trainer's CubeCL types (bare or under autodiff) and the tensors f32; Burn's `matmul`
+/// elsewhere and for [`Kernel::Burn`].
+pub fn matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    let kernel = chosen();
+    if kernel == Kernel::Burn || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+        return x.matmul(w);
+    }
+    on_device(&x, &w, kernel).unwrap_or_else(|| x.matmul(w))
+}
+
+/// The product with `kernel` on the CubeCL types; `None` elsewhere.
+fn on_device<B: Backend>(
+    x: &Tensor<B, 2>,
+    w: &Tensor<B, 2>,
+    kernel: Kernel,
+) -> Option<Tensor<B, 2>> {
+    on_cube_types!(
+        B,
+        T,
+        {
+            let x = cast::<_, Tensor<Autodiff<T>, 2>>(x.clone())?;
+            let w = cast::<_, Tensor<Autodiff<T>, 2>>(w.clone())?;
+            let y = device_op::tracked(Product(kernel), [float(x), float(w)]);
+            cast(Tensor::<Autodiff<T>, 2>::from_primitive(TensorPrimitive::Float(y)))
+        },
+        {
+            let (x, w) = (cast::<_, Tensor<T, 2>>(x.clone())?, cast::<_, Tensor<T, 2>>(w.clone())?);
+            let y = T::product(float(x), float(w), kernel);
+            cast(Tensor::<T, 2>::from_primitive(TensorPrimitive::Float(y)))
+        }
+    );
+    None
+}
+
+/// `a [m, k] · b [k, n]` on a bare CubeCL type with `kernel`, or why it could not run (for
+/// `asrt-bench matmul`, which times each kernel).
+pub fn try_bare<B: Backend>(
+    a: &Tensor<B, 2>,
+    b: &Tensor<B, 2>,
+    kernel: Kernel,
+) -> Option<Result<Tensor<B, 2>, String>> {
+    on_cube_types!(B, T, { None }, {
+        let (a, b) = (cast::<_, Tensor<T, 2>>(a.clone())?, cast::<_, Tensor<T, 2>>(b.clone())?);
+        let y = match T::try_product(float(a), float(b), kernel) {
+            Ok(y) => y,
+            Err(why) => return Some(Err(why)),
+        };
+        Some(Ok(cast(Tensor::<T, 2>::from_primitive(TensorPrimitive::Float(y)))?))
+    });
+    None
+}
+
+#[cfg(test)]
+#[cfg(feature = "wgpu")]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    type W = burn::backend::Wgpu;
+
+    fn host(t: &Tensor<impl Backend, 2>) -> (Vec<f64>, [usize; 2]) {
+        let dims = t.dims();
+        let v = t.clone().into_data().into_vec::<f32>().unwrap();
+        (v.into_iter().map(f64::from).collect(), dims)
+    }
+
+    /// `a · b` in float64 and the sum of magnitudes of each output's terms (the error's scale).
+    fn oracle(a: &Tensor<impl Backend, 2>, b: &Tensor<impl Backend, 2>) -> (Vec<f64>, Vec<f64>) {
+        let ((a, [m, k]), (b, [_, n])) = (host(a), host(b));
+        let mut y = vec![0.0; m * n];
+        let mut s = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                for p in 0..k {
+                    y[i * n + j] += a[i * k + p] * b[p * n + j];
+                    s[i * n + j] += (a[i * k + p] * b[p * n + j]).abs();
+                }
+            }
+        }
+        (y, s)
+    }
+
+    fn worst(got: &Tensor<impl Backend, 2>, want: &(Vec<f64>, Vec<f64>)) -> f64 {
+        let (got, _) = host(got);
+        got.iter()
+            .zip(want.0.iter().zip(&want.1))
+            .map(|(g, (w, s))| (g - w).abs() / s.max(1e-30))
+            .fold(0.0, f64::max)
+    }
+
+    /// The product and both gradients with cubek's unit kernels (lavapipe has no tensor cores)
+    /// against float64, plain and with a transposed operand, bare and fused; a CMMA kernel
+    /// falls back to Burn's product there with the same results.
+    #[test]
+    fn product_and_gradients_match_float64_on_wgpu_with_and_without_fusion() {
+        fn check<B: burn::tensor::backend::AutodiffBackend>() {
+            let device = Default::default();
+            let (m, k, n) = (67, 45, 33);
+            for kernel in [Kernel::SimpleUnit, Kernel::DoubleUnit, Kernel::DoubleCyclicCmma] {
+                let x = Tensor::<B, 2>::random([m, k], Distribution::Uniform(-1.0, 1.0), &device)
+                    .require_grad();
+                let w = Tensor::<B, 2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device)
+                    .require_grad();
+                let dy = Tensor::<B, 2>::random([m, n], Distribution::Uniform(-1.0, 1.0), &device);
+                // (Not through `choose`: the process-wide choice would reach the tests running
+                // beside this one.)
+                let y = on_device(&x, &w, kernel).expect("wgpu is a CubeCL type");
+                let grads = (y.clone() * dy.clone()).sum().backward();
+                let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+                let (x, w, dy) = (x.inner(), w.inner(), dy.inner());
+                let e_y = worst(&y.inner(), &oracle(&x, &w));
+                let e_dx = worst(&dx, &oracle(&dy, &w.clone().transpose()));
+                let e_dw = worst(&dw, &oracle(&x.transpose(), &dy));
+                eprintln!("{kernel:?}: y {e_y:.1e}, dx {e_dx:.1e}, dw {e_dw:.1e}");
+                // Measured at most 1.8e-7.
+                for e in [e_y, e_dx, e_dw] {
+                    assert!(e < 9e-7, "{kernel:?}: {e:e}");
+                }
+            }
+        }
+        check::<Autodiff<W>>();
+        check::<Autodiff<Fusion<W>>>();
+    }
+
+    /// Every kernel either runs (and gives float64's product) or says why not; none panics.
+    #[test]
+    fn every_kernel_runs_or_says_why() {
+        let device = Default::default();
+        let a = Tensor::<W, 2>::random([40, 24], Distribution::Uniform(-1.0, 1.0), &device);
+        let b = Tensor::<W, 2>::random([24, 16], Distribution::Uniform(-1.0, 1.0), &device);
+        let want = oracle(&a, &b);
+        for kernel in Kernel::ALL {
+            match try_bare(&a, &b, kernel).expect("wgpu is a CubeCL type") {
+                Ok(y) => assert!(worst(&y, &want) < 9e-7, "{kernel:?}"),
+                Err(why) => assert!(!why.is_empty(), "{kernel:?}"),
+            }
+        }
+    }
+}
