@@ -192,6 +192,12 @@ impl Devices {
         }
     }
 
+    /// Whether these devices run the trainer's CubeCL kernels (cuda, wgpu), where `--matmul`
+    /// picks the linear layers' kernel; the CPU backends have their own products.
+    pub fn on_cubecl(&self) -> bool {
+        !matches!(self, Devices::Cpu(_) | Devices::Flex(_))
+    }
+
     /// Ranks in this process.
     pub fn len(&self) -> usize {
         match self {
@@ -331,6 +337,13 @@ impl DeviceArgs {
     /// matmul kernel chosen for this process.
     pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
         crate::model::matmul_kernel::choose(self.matmul);
+        if self.matmul != crate::model::matmul_kernel::Kernel::Burn && !devices.on_cubecl() {
+            eprintln!(
+                "warning: --matmul {} applies on cuda and wgpu; the CPU backends use their own \
+                 products",
+                self.matmul.name()
+            );
+        }
         devices.prepare(&self.kernel_cache(), processes)
     }
 
@@ -570,6 +583,9 @@ mod tests {
     #[test]
     fn device_lists_are_checked_while_parsing() {
         assert_eq!("cpu".parse::<Devices>(), Ok(Devices::Cpu(1)));
+        assert!(!Devices::Cpu(1).on_cubecl() && !Devices::Flex(2).on_cubecl());
+        #[cfg(feature = "wgpu")]
+        assert!(Devices::Wgpu(1, Fusion::Off).on_cubecl());
         assert_eq!("cpu, cpu".parse::<Devices>(), Ok(Devices::Cpu(2)));
         assert_eq!("".parse::<Devices>(), Err(DeviceError::Unknown(String::new())));
         assert_eq!("tpu:0".parse::<Device>(), Err(DeviceError::Unknown("tpu:0".into())));
