@@ -243,8 +243,9 @@ def check_grad_norms(rc, log, work):
     cpu = norms_by_step(os.path.join(work, "cg-cpu.jsonl"))
     reference = metrics(os.path.join(work, "cg-cpu", "metrics.jsonl"))[:3]
     parts, ok = [], all(len(f["grad_norms"]) == 3 for f in figures.values()) and len(cpu) == 3
+    per_run = {k: norms_by_step(os.path.join(work, f"cg-{k}.jsonl")) for k in figures}
     for k, f in figures.items():
-        mine = norms_by_step(os.path.join(work, f"cg-{k}.jsonl"))
+        mine = per_run[k]
         ok = ok and len(mine) == 3
         f["worst_parameters"] = {step: [[name, rel, g, w] for rel, name, g, w in
                                         worst_parameters(mine.get(step, {}), cpu.get(step, {}), 10)]
@@ -261,7 +262,7 @@ def check_grad_norms(rc, log, work):
     # The poisoned run (new kernel buffers filled with NaN) must be the fused run bit for bit.
     poisoned = metrics(os.path.join(work, "cg-poisoned", "metrics.jsonl"))
     mine = norms_by_step(os.path.join(work, "cg-poisoned.jsonl"))
-    fused = norms_by_step(os.path.join(work, "cg-fused.jsonl"))
+    fused = per_run["fused"]
     pairs = [(mine.get(s, {}).get(n), v) for s in fused for n, v in fused[s].items()]
     pairs += list(zip([m.get("loss") for m in poisoned], figures["fused"]["losses"]))
     pairs += list(zip([m.get("grad_norm") for m in poisoned], figures["fused"]["grad_norms"]))
@@ -277,8 +278,9 @@ def check_grad_norms(rc, log, work):
     # float64 norm of its parameters' norms (read to the host): a difference is the reduction's,
     # not the gradients'. Lavapipe: at most 9.4e-8 over 3 steps.
     worst_sum = 0.0
+    per_run["poisoned"] = mine
     for k, f in figures.items():
-        mine = norms_by_step(os.path.join(work, f"cg-{k}.jsonl"))
+        mine = per_run[k]
         rel = []
         for step, g in zip(sorted(mine), f["grad_norms"]):
             whole = sum(v * v for v in mine[step].values() if v is not None) ** 0.5

@@ -327,7 +327,7 @@ mod tests {
         let a = Tensor::<W, 2>::random([40, 24], Distribution::Uniform(-1.0, 1.0), &device);
         let b = Tensor::<W, 2>::random([24, 16], Distribution::Uniform(-1.0, 1.0), &device);
         let want = oracle(&a, &b);
-        for kernel in Kernel::ALL {
+        for &kernel in Kernel::all() {
             match try_bare(&a, &b, kernel).expect("wgpu is a CubeCL type") {
                 Ok(y) => assert!(worst(&y, &want) < 9e-7, "{kernel:?}"),
                 Err(why) => assert!(!why.is_empty(), "{kernel:?}"),

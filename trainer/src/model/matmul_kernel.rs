@@ -45,25 +45,10 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// Every kernel, [`Kernel::Burn`] first.
-    pub const ALL: [Kernel; 16] = [
-        Kernel::Burn,
-        Kernel::SimpleCyclicCmma,
-        Kernel::SimpleCyclicMma,
-        Kernel::SimpleTmaCmma,
-        Kernel::DoubleCyclicCmma,
-        Kernel::DoubleCyclicMma,
-        Kernel::DoubleTilewiseCmma,
-        Kernel::DoubleHybridCmma,
-        Kernel::DoubleTmaCmma,
-        Kernel::DoubleTmaMma,
-        Kernel::SpecializedCyclicCmma,
-        Kernel::SpecializedTmaCmma,
-        Kernel::OrderedDoubleCmma,
-        Kernel::OrderedDoubleMma,
-        Kernel::SimpleUnit,
-        Kernel::DoubleUnit,
-    ];
+    /// Every kernel, [`Kernel::Burn`] first (the enum's order, as clap lists them).
+    pub fn all() -> &'static [Kernel] {
+        <Kernel as clap::ValueEnum>::value_variants()
+    }
 
     /// The name `--matmul` takes.
     pub fn name(self) -> String {
@@ -71,19 +56,19 @@ impl Kernel {
     }
 }
 
-/// The kernel the linear layers use, as its index in [`Kernel::ALL`].
+/// The kernel the linear layers use, as its index in [`Kernel::all`].
 static CHOSEN: AtomicU8 = AtomicU8::new(0);
 
 /// Sets the kernel the linear layers use from now on, in this process.
 pub fn choose(kernel: Kernel) {
-    let at = Kernel::ALL.iter().position(|k| *k == kernel).unwrap_or(0);
+    let at = Kernel::all().iter().position(|k| *k == kernel).unwrap_or(0);
     CHOSEN.store(at as u8, Ordering::Relaxed);
 }
 
 /// The kernel the linear layers use.
 #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
 pub fn chosen() -> Kernel {
-    Kernel::ALL.get(CHOSEN.load(Ordering::Relaxed) as usize).copied().unwrap_or_default()
+    Kernel::all().get(CHOSEN.load(Ordering::Relaxed) as usize).copied().unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -95,10 +80,10 @@ mod tests {
     /// in this process read the choice).
     #[test]
     fn names_round_trip() {
-        for k in Kernel::ALL {
+        for &k in Kernel::all() {
             assert_eq!(<Kernel as clap::ValueEnum>::from_str(&k.name(), false), Ok(k));
-            let at = Kernel::ALL.iter().position(|x| *x == k).unwrap();
-            assert_eq!(Kernel::ALL[at], k);
+            let at = Kernel::all().iter().position(|x| *x == k).unwrap();
+            assert_eq!(Kernel::all()[at], k);
         }
         assert_eq!(Kernel::default(), Kernel::Burn);
         assert_eq!(Kernel::SpecializedTmaCmma.name(), "specialized-tma-cmma");

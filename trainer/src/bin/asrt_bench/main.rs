@@ -264,7 +264,7 @@ fn matmul_bench(
     sizes: &str,
     repeats: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    let kernels = kernels.map_or_else(|| asr_trainer::MatmulKernel::ALL.to_vec(), <[_]>::to_vec);
+    let kernels = kernels.map_or_else(|| asr_trainer::MatmulKernel::all().to_vec(), <[_]>::to_vec);
     let devices: Devices = device.parse()?;
     devices.prepare(&kernel_cache(), false)?;
     let name = device;
