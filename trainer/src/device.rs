@@ -334,17 +334,41 @@ impl DeviceArgs {
     }
 
     /// [`Devices::prepare`] with the kernel cache the flag and the environment name, and the
-    /// matmul kernel chosen for this process.
-    pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
+    /// matmul kernel chosen for this process (with a warning where it changes nothing: the run
+    /// computes in `precision`).
+    pub fn prepare(
+        &self,
+        devices: &Devices,
+        processes: bool,
+        precision: Precision,
+    ) -> Result<(), SetupError> {
         crate::model::matmul_kernel::choose(self.matmul);
-        if self.matmul != crate::model::matmul_kernel::Kernel::Burn && !devices.on_cubecl() {
-            eprintln!(
-                "warning: --matmul {} applies on cuda and wgpu; the CPU backends use their own \
-                 products",
-                self.matmul.name()
-            );
+        if let Some(warning) = self.matmul_unused(devices, precision) {
+            eprintln!("warning: {warning}");
         }
         devices.prepare(&self.kernel_cache(), processes)
+    }
+
+    /// Why `--matmul` changes nothing for a run on `devices` in `precision`, where it does not:
+    /// the CPU backends use their own products, and the mixed precisions their own
+    /// (`device_mixed`).
+    pub fn matmul_unused(&self, devices: &Devices, precision: Precision) -> Option<String> {
+        let kernel = self.matmul.name();
+        if self.matmul == crate::model::matmul_kernel::Kernel::Burn {
+            None
+        } else if !devices.on_cubecl() {
+            Some(format!(
+                "--matmul {kernel} applies on cuda and wgpu; the CPU backends use their own \
+                 products"
+            ))
+        } else if precision != Precision::F32 {
+            Some(format!(
+                "--matmul {kernel} applies in f32; in {precision} the products are the mixed \
+                 precision's own"
+            ))
+        } else {
+            None
+        }
     }
 
     /// The one device of a command that runs on one.
@@ -579,6 +603,35 @@ pub fn evaluate_model_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--matmul` other than `burn` warns where it changes nothing: on the CPU backends, and in
+    /// the mixed precisions.
+    #[test]
+    fn matmul_warns_where_it_changes_nothing() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            device: DeviceArgs,
+        }
+        let args = |a: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from([&["asrt"], a].concat());
+            cli.expect("the arguments parse").device
+        };
+        let wgpu = Devices::Wgpu(1, Fusion::Off);
+        let unit = args(&["--matmul", "simple-unit"]);
+        assert_eq!(unit.matmul_unused(&wgpu, Precision::F32), None);
+        assert_eq!(
+            unit.matmul_unused(&wgpu, Precision::Bf16Mixed).as_deref(),
+            Some("--matmul simple-unit applies in f32; in bf16-mixed the products are the mixed precision's own")
+        );
+        assert_eq!(
+            unit.matmul_unused(&Devices::Cpu(1), Precision::F32).as_deref(),
+            Some("--matmul simple-unit applies on cuda and wgpu; the CPU backends use their own products")
+        );
+        let burn = args(&[]);
+        assert_eq!(burn.matmul_unused(&Devices::Cpu(1), Precision::F16Mixed), None);
+        assert_eq!(burn.matmul_unused(&wgpu, Precision::F16Mixed), None);
+    }
 
     #[test]
     fn device_lists_are_checked_while_parsing() {

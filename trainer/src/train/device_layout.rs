@@ -7,9 +7,11 @@
 //! Conformer layer"). A GPU step is bound by the host's cost per launch. Here one kernel reads a
 //! group of up to [`GROUP`] tensors (a `Sequence` of arrays, one binding each) and writes its
 //! span of the flat tensor, zeros included: one launch per group and no fill. Within a launch
-//! each part has its own row of cubes, which copies it (the first version had every unit test
-//! each of the group's parts for the one covering its element: 36 ms a step on an H200 for the
-//! 0.6B preset, 8 % of its device time; bench/RESULTS.md, "The step on the device").
+//! each part has its own cubes, as many as its span needs, which copy it. (The first version had
+//! every unit test each of the group's parts for the one covering its element: 36 ms a step on
+//! an H200 for the 0.6B preset, 8 % of its device time; bench/RESULTS.md, "The step on the
+//! device". The second gave every part a row of as many cubes as the group's longest part
+//! needed, most of them idle: 0.6 s a launch on lavapipe.)
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare,
 //! with f32 tensors; `None` elsewhere, and the caller lays out in Burn's form. Under fusion the
@@ -19,8 +21,8 @@
 //! pass the end; element `e` of the result is part `k`'s element `e - at_k` where a part covers
 //! it, else zero. Each group's launch writes `[its first offset (0 for the first), the next
 //! group's first offset (the end for the last))`, so the launches write every element once;
-//! within it part `k`'s row writes from its offset (the group's first for `k = 0`) to the next
-//! part's. A group has as many tensors as the device binds less three (the output, the scalars
+//! within it part `k`'s cubes write from its offset (the group's first for `k = 0`) to the next
+//! part's, each cube its own block of `CUBE * PER_UNIT` of them. A group has as many tensors as the device binds less three (the output, the scalars
 //! and one spare), at most [`GROUP`]: wgpu's limit on storage buffers per shader can be as low
 //! as 8.
 
@@ -32,16 +34,16 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use crate::model::device_op::{contiguous, empty, on_cube_types, CUBE};
+use crate::model::device_op::{contiguous, cube_index, cubes, empty, on_cube_types, CUBE};
 use crate::model::host_depthwise::{cast, float};
 
 /// Most tensors one launch reads. Each distinct group size is its own compiled kernel; with
 /// 32, the 0.6B preset's ~900 gradients take about 30 launches.
 pub const GROUP: usize = 32;
 
-/// One row of cubes per part (`CUBE_POS_Y`), whose units stride over the part's span of `out`,
-/// `[lows[k], highs[k])`: the part where it covers an element, zero elsewhere (the gap before
-/// the next part).
+/// Each part's own cubes, `[firsts[k], ends[k])` of the grid ([`cube_index`]), whose units copy
+/// [`PER_UNIT`] elements each of the part's span of `out`, `[lows[k], highs[k])`: the part where
+/// it covers an element, zero elsewhere (the gap before the next part).
 #[cube(launch)]
 pub fn lay_out_group(
     parts: &Sequence<Array<f32>>,
@@ -49,36 +51,41 @@ pub fn lay_out_group(
     lens: &Sequence<u32>,
     lows: &Sequence<u32>,
     highs: &Sequence<u32>,
+    firsts: &Sequence<u32>,
+    ends: &Sequence<u32>,
     out: &mut Array<f32>,
 ) {
     let count = parts.len().comptime();
-    let stride = CUBE_COUNT_X * CUBE_DIM;
+    let cube = cube_index();
     #[unroll]
     for k in 0..count {
         // The same branch for every unit of a cube: one part's copy, not a search per element.
-        if CUBE_POS_Y == k as u32 {
+        if cube >= firsts[k] && cube < ends[k] {
             let start = starts[k];
             // The part's own length, not its array's: a view's binding may reach further.
             let end = start + lens[k];
-            let hi = highs[k];
+            let block = CUBE_DIM * PER_UNIT as u32;
+            let from = lows[k] + (cube - firsts[k]) * block;
+            let to = u32::min(from + block, highs[k]);
             let part = &parts[k];
-            let mut e = lows[k] + CUBE_POS_X * CUBE_DIM + UNIT_POS;
-            while e < hi {
+            let mut e = from + UNIT_POS;
+            while e < to {
                 let mut value = 0.0f32;
                 if e >= start && e < end {
                     value = part[(e - start) as usize];
                 }
                 out[e as usize] = value;
-                e += stride;
+                e += CUBE_DIM;
             }
         }
     }
 }
 
-/// Cubes along x per part: each unit copies at least [`PER_UNIT`] elements of the longest span,
-/// and at most [`MAX_CUBES`] cubes, which a large GPU holds at once.
+/// Elements each unit copies: a part's span takes `ceil(span / (CUBE * PER_UNIT))` cubes, so
+/// a launch has about as many cubes as its elements need (the earlier grid gave every part the
+/// longest part's row of cubes: 0.6 s a launch on lavapipe for a 23M-parameter model, most of
+/// them idle).
 const PER_UNIT: usize = 4;
-const MAX_CUBES: usize = 1024;
 
 /// The layout as one operation per group (see the module): the backends that have it.
 pub trait DeviceLayout: Backend {
@@ -117,29 +124,38 @@ where
             let highs: Vec<usize> = (0..members.len())
                 .map(|k| members.get(k + 1).map_or(group_hi, |next| next.0))
                 .collect();
-            let longest = lows.iter().zip(&highs).map(|(lo, hi)| hi - lo).max().unwrap_or(0);
-            if longest == 0 {
+            // Part k's cubes: enough for its span, none for an empty one.
+            let block = CUBE as usize * PER_UNIT;
+            let mut ends = Vec::with_capacity(members.len());
+            let mut total = 0usize;
+            for (lo, hi) in lows.iter().zip(&highs) {
+                total += (hi - lo).div_ceil(block);
+                ends.push(total);
+            }
+            if total == 0 {
                 continue;
             }
-            let cubes_x = longest.div_ceil(CUBE as usize * PER_UNIT).clamp(1, MAX_CUBES);
+            let firsts: Vec<usize> =
+                std::iter::once(0).chain(ends.iter().copied()).take(members.len()).collect();
             let arrays: SequenceArg<R, Array<f32>> =
                 members.iter().map(|(_, t)| t.clone().into_array_arg()).collect();
-            let starts: SequenceArg<R, u32> = members.iter().map(|(at, _)| *at as u32).collect();
-            let lens: SequenceArg<R, u32> =
-                members.iter().map(|(_, t)| t.shape().num_elements() as u32).collect();
-            let lows: SequenceArg<R, u32> = lows.iter().map(|&x| x as u32).collect();
-            let highs: SequenceArg<R, u32> = highs.iter().map(|&x| x as u32).collect();
+            let u32s =
+                |xs: &[usize]| -> SequenceArg<R, u32> { xs.iter().map(|&x| x as u32).collect() };
+            let starts: Vec<usize> = members.iter().map(|(at, _)| *at).collect();
+            let lens: Vec<usize> = members.iter().map(|(_, t)| t.shape().num_elements()).collect();
             // Each unit writes elements of its part's span and reads the part only where the
             // part covers them; the checked launch bounds every access anyway.
             lay_out_group::launch::<R>(
                 &client,
-                CubeCount::Static(cubes_x as u32, members.len() as u32, 1),
+                cubes(total),
                 CubeDim::new_1d(CUBE),
                 arrays,
-                starts,
-                lens,
-                lows,
-                highs,
+                u32s(&starts),
+                u32s(&lens),
+                u32s(&lows),
+                u32s(&highs),
+                u32s(&firsts),
+                u32s(&ends),
                 out.clone().into_array_arg(),
             );
         }
@@ -200,10 +216,12 @@ mod tests {
 
     /// The layout against Burn's form (a zero fill and a slice assignment per part) on the same
     /// backend: more parts than a group, gaps before, between and after them, an empty part,
-    /// views inside longer tensors, and a group boundary inside a gap. The two must agree bit for bit (it only moves values).
+    /// views inside longer tensors, a group boundary inside a gap, and parts and gaps longer
+    /// than a cube's block. The two must agree bit for bit (it only moves values).
     fn against_burn<B: DeviceLayout>() {
         let device = Default::default();
-        let sizes = [5usize, 300, 0, 128, 1, 77, 256, 3, 40, 9];
+        // Some parts and gaps span several cubes' blocks (1,024 elements).
+        let sizes = [5usize, 300, 0, 128, 1, 77, 256, 3, 40, 9, 2600];
         let mut parts = Vec::new();
         let mut at = 7;
         for (k, &n) in sizes.iter().cycle().take(3 * GROUP + 5).enumerate() {
@@ -217,7 +235,7 @@ mod tests {
                 t = t.narrow(0, pad, n);
             }
             parts.push((at, t));
-            at += n + k % 3;
+            at += n + if k % 7 == 0 { 1500 } else { k % 3 };
         }
         let len = at + 11;
         let ours = on_device(&parts, len).expect("wgpu takes the device layout");

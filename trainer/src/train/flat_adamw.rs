@@ -5,21 +5,31 @@
 //! kit on an H200, fusion and bf16-mixed"). Per parameter tensor, Burn's `OptimizerAdaptor`
 //! spends about fifteen operations on AdamW, and the global norm two more and a read to the host
 //! (a synchronisation), the clipping one: half of a Conformer layer's launches, counted on
-//! lavapipe. [`FlatAdamW`] keeps both moments as one flat tensor each, lays a step's gradients
-//! and parameters out the same way (on the CubeCL backends one launch per group of up to 32
-//! tensors, `device_layout`; elsewhere one copy per parameter each), takes the norm in one
-//! reduction and one read, and runs Burn's own `AdamW` once over the flat tensors; the new
-//! parameters are views of its result (narrowed and reshaped), without a copy where they sit
-//! on CubeCL's alignment ([`ALIGN`]).
+//! lavapipe. [`FlatAdamW`] keeps both moments as flat tensors, one per chunk of the parameters
+//! (below), lays a step's gradients and parameters out the same way (on the CubeCL backends one
+//! launch per group of up to 32 tensors, `device_layout`; elsewhere one copy per parameter
+//! each), takes the norm in one reduction per run and one read, and runs Burn's own `AdamW`
+//! once per run over the flat tensors; the new parameters are views of its result (narrowed and
+//! reshaped), without a copy where they sit on CubeCL's alignment ([`ALIGN`]).
+//!
+//! Chunks: consecutive parameters fill a chunk of at most [`CHUNK_BYTES`], or of the device's
+//! largest buffer where that is smaller (a wgpu device binds at most its
+//! `max_storage_buffer_binding_size`, 128 MiB on lavapipe: one flat tensor over all the 0.6B
+//! preset's parameters would be 2.4 GB). A parameter larger than a chunk has one to itself. The
+//! chunk also bounds what an update holds beyond Burn's own per-parameter AdamW: AdamW's
+//! temporaries are one chunk's, and a chunk's moments, handed to AdamW whole where one run
+//! covers the chunk (the usual case), are its only handle on them, so Burn may update them in
+//! place and the old ones are gone before the next chunk's update.
 //!
 //! Invariants:
 //! - It is Burn's AdamW: each element goes through the same operations as in Burn's update of
 //!   its own tensor (element-wise operations do not see the layout), so the parameters and
-//!   moments are the same bits as `OptimizerAdaptor<AdamW>`'s (tested on NdArray).
+//!   moments are the same bits as `OptimizerAdaptor<AdamW>`'s (tested on NdArray, with chunks
+//!   smaller than some parameters).
 //! - Each parameter keeps its own step count, as in Burn's adaptor: parameters without a
 //!   gradient (a frozen encoder) are left alone, parameters that start later (its unfreezing)
-//!   get their own bias correction. Consecutive parameters with a gradient and the same count
-//!   form a run, updated by one call of `AdamW`.
+//!   get their own bias correction. Consecutive parameters of one chunk with a gradient and the
+//!   same count form a run, updated by one call of `AdamW`.
 //! - Its record is the adaptor's (`AdaptorRecord` of Burn's `AdamWState` per parameter id):
 //!   checkpoints are the same either way, and either optimizer resumes the other's.
 //! - Only parameters that take a gradient are laid out (BatchNorm's running statistics are
@@ -40,33 +50,43 @@ use super::adamw::{AdamWSettings, HostAdamW};
 /// The optimizer's record: Burn's adaptor's, per parameter id (see the module).
 pub type AdamWRecord<B> = HashMap<ParamId, AdaptorRecord<HostAdamW, B>>;
 
+/// The largest chunk of the flat tensors, in bytes (f32 elements, so 64M of them): large enough
+/// that the 0.6B preset's 2.4 GB of parameters take about ten chunks (AdamW's ~15 operations
+/// each, against ~52,000 operations a step), small enough that an update's temporaries are a
+/// small part of the device's memory.
+pub const CHUNK_BYTES: u64 = 256 << 20;
+
 /// A trainable parameter's place in the flat moments.
 #[derive(Clone, Debug, PartialEq)]
 struct Slot {
     id: ParamId,
-    /// First element in the flat tensors.
+    /// Its chunk.
+    chunk: usize,
+    /// First element in its chunk's flat tensors.
     start: usize,
     len: usize,
     /// Updates done (Burn's `AdaptiveMomentumState::time`); 0 before the first.
     time: usize,
 }
 
-/// Both moments of every trainable parameter, in module order.
+/// Both moments of every trainable parameter, in module order, one flat tensor per chunk.
 struct Moments<I: Backend> {
     slots: Vec<Slot>,
-    m: Tensor<I, 1>,
-    v: Tensor<I, 1>,
+    m: Vec<Tensor<I, 1>>,
+    v: Vec<Tensor<I, 1>>,
 }
 
-/// Consecutive slots with a gradient and the same step count, and their gradients laid out.
+/// Consecutive slots of one chunk with a gradient and the same step count, and their gradients
+/// laid out.
 struct Run<I: Backend> {
+    chunk: usize,
     slots: Range<usize>,
     time: usize,
     grad: Tensor<I, 1>,
 }
 
 impl<I: Backend> Run<I> {
-    /// The run's elements in the flat tensors.
+    /// The run's elements in its chunk's flat tensors.
     fn elements(&self, slots: &[Slot]) -> Range<usize> {
         slots[self.slots.start].start..end(&slots[..self.slots.end])
     }
@@ -114,6 +134,8 @@ pub struct FlatAdamW<B: AutodiffBackend> {
     moments: Option<Moments<B::InnerBackend>>,
     /// A loaded record's states not yet laid out (or of parameters the module does not have).
     pending: AdamWRecord<B>,
+    /// Elements per chunk: set for the tests, else from the device at the first layout.
+    chunk: Option<usize>,
 }
 
 impl<B: AutodiffBackend> Clone for FlatAdamW<B> {
@@ -126,6 +148,7 @@ impl<B: AutodiffBackend> Clone for FlatAdamW<B> {
                 v: m.v.clone(),
             }),
             pending: self.pending.clone(),
+            chunk: self.chunk,
         }
     }
 }
@@ -163,9 +186,53 @@ fn flat<I: Backend, const D: usize>(t: Tensor<I, D>) -> Tensor<I, 1> {
 /// view of the updated flat tensor, without a copy or a launch.
 const ALIGN: usize = 128;
 
-/// The aligned end of the last of `slots`: where the next one starts, or the flat size.
+/// The aligned end of the last of `slots` (of one chunk): where the next one starts.
 fn end(slots: &[Slot]) -> usize {
     slots.last().map_or(0, |s| (s.start + s.len).next_multiple_of(ALIGN))
+}
+
+/// Elements per chunk on `device`: [`CHUNK_BYTES`], or the device's largest buffer if smaller,
+/// as whole [`ALIGN`]s (at least one).
+fn chunk_elements<D: 'static>(device: &D) -> usize {
+    let bytes = CHUNK_BYTES.min(largest_buffer(device).unwrap_or(u64::MAX));
+    let elements = usize::try_from(bytes / 4).unwrap_or(usize::MAX);
+    (elements / ALIGN).max(1) * ALIGN
+}
+
+/// The device's largest buffer (`device_op::largest_buffer`) where the build has a CubeCL backend.
+fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return crate::model::device_op::largest_buffer(device);
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        let _ = device;
+        None
+    }
+}
+
+/// The place of a parameter of `len` elements after `slots`, in chunks of `chunk` elements: its
+/// chunk and first element. It follows the last one where the chunk holds it (or the chunk is
+/// empty), else starts the next chunk.
+fn place(slots: &[Slot], len: usize, chunk: usize) -> (usize, usize) {
+    let Some(last) = slots.last() else { return (0, 0) };
+    let start = (last.start + last.len).next_multiple_of(ALIGN);
+    if start + len > chunk {
+        (last.chunk + 1, 0)
+    } else {
+        (last.chunk, start)
+    }
+}
+
+/// Each chunk's length: the aligned end of its last slot.
+fn chunk_lens(slots: &[Slot]) -> Vec<usize> {
+    let mut lens = Vec::new();
+    for (k, s) in slots.iter().enumerate() {
+        if s.chunk == lens.len() {
+            lens.push(0);
+        }
+        lens[s.chunk] = end(&slots[k..=k]);
+    }
+    lens
 }
 
 /// Tensors placed at their offsets in `len` elements, zeros elsewhere: none for a single tensor
@@ -198,10 +265,60 @@ fn joined<I: Backend>(mut parts: Vec<Tensor<I, 1>>) -> Tensor<I, 1> {
     }
 }
 
+/// One chunk's moments during an update: the old ones (until a run takes them whole) and the
+/// new ones in order, from element `at` on still to come.
+struct ChunkUpdate<I: Backend> {
+    old: Option<(Tensor<I, 1>, Tensor<I, 1>)>,
+    m: Vec<Tensor<I, 1>>,
+    v: Vec<Tensor<I, 1>>,
+    at: usize,
+}
+
+impl<I: Backend> ChunkUpdate<I> {
+    /// The old moments of `from..to`, unchanged (a gap between runs, or what no run updates).
+    fn keep(&mut self, from: usize, to: usize) {
+        if let (true, Some((m, v))) = (from < to, &self.old) {
+            self.m.push(m.clone().narrow(0, from, to - from));
+            self.v.push(v.clone().narrow(0, from, to - from));
+        }
+    }
+
+    /// The old moments of `e` (zeros if a run took them whole, which leaves no other run).
+    fn part(&self, e: Range<usize>, device: &I::Device) -> (Tensor<I, 1>, Tensor<I, 1>) {
+        match &self.old {
+            Some((m, v)) => {
+                (m.clone().narrow(0, e.start, e.len()), v.clone().narrow(0, e.start, e.len()))
+            }
+            None => (Tensor::zeros([e.len()], device), Tensor::zeros([e.len()], device)),
+        }
+    }
+
+    /// The chunk's new moments, `len` elements.
+    fn finish(mut self, len: usize) -> (Tensor<I, 1>, Tensor<I, 1>) {
+        self.keep(self.at, len);
+        match self.old {
+            Some((m, v)) if self.m.is_empty() => (m, v),
+            _ => (joined(self.m), joined(self.v)),
+        }
+    }
+}
+
 impl<B: AutodiffBackend> FlatAdamW<B> {
     /// Burn's AdamW with `settings`.
     pub fn new(settings: AdamWSettings) -> Self {
-        FlatAdamW { adamw: HostAdamW::burn(settings), moments: None, pending: AdamWRecord::new() }
+        FlatAdamW {
+            adamw: HostAdamW::burn(settings),
+            moments: None,
+            pending: AdamWRecord::new(),
+            chunk: None,
+        }
+    }
+
+    /// Chunks of `elements` (rounded up to 128) instead of the device's (for the tests and
+    /// `asrt-bench optimizer-memory`; a chunk larger than the device binds fails its update).
+    pub fn with_chunk(mut self, elements: usize) -> Self {
+        self.chunk = Some(elements.max(1).next_multiple_of(ALIGN));
+        self
     }
 
     /// The record: the laid-out states per parameter id, with the loaded ones not yet laid out.
@@ -219,7 +336,8 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                     return;
                 }
                 let dims: [usize; D] = param.val().dims();
-                let part = |t: &Tensor<B::InnerBackend, 1>| t.clone().narrow(0, s.start, s.len);
+                let part =
+                    |t: &[Tensor<B::InnerBackend, 1>]| t[s.chunk].clone().narrow(0, s.start, s.len);
                 let state = AdamWState {
                     momentum: AdaptiveMomentumState {
                         time: s.time,
@@ -260,6 +378,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                 return;
             }
         }
+        let chunk = *self.chunk.get_or_insert_with(|| chunk_elements(device));
         type Kept<I> = Option<(Tensor<I, 1>, Tensor<I, 1>)>;
         /// The moments laid out before, and their slots by id.
         struct Old<'a, I: Backend> {
@@ -270,6 +389,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
             old: Option<Old<'a, B::InnerBackend>>,
             pending: &'a mut AdamWRecord<B>,
             device: &'a B::Device,
+            chunk: usize,
             slots: Vec<Slot>,
             kept: Vec<Kept<B::InnerBackend>>,
         }
@@ -280,11 +400,13 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                     return;
                 }
                 let n = value.shape().num_elements();
-                let start = end(&self.slots);
+                let (chunk, start) = place(&self.slots, n, self.chunk);
                 let old = self.old.as_ref().and_then(|Old { moments, by_id }| {
                     let s = &moments.slots[*by_id.get(&param.id)?];
                     (s.len == n && s.time > 0).then(|| {
-                        let part = |t: &Tensor<B::InnerBackend, 1>| t.clone().narrow(0, s.start, n);
+                        let part = |t: &[Tensor<B::InnerBackend, 1>]| {
+                            t[s.chunk].clone().narrow(0, s.start, n)
+                        };
                         (s.time, part(&moments.m), part(&moments.v))
                     })
                 });
@@ -300,7 +422,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                     Some((time, m, v)) => (time, Some((m, v))),
                     None => (0, None),
                 };
-                self.slots.push(Slot { id: param.id, start, len: n, time });
+                self.slots.push(Slot { id: param.id, chunk, start, len: n, time });
                 self.kept.push(kept);
             }
         }
@@ -312,24 +434,32 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
             }),
             pending: &mut self.pending,
             device,
+            chunk,
             slots: Vec::new(),
             kept: Vec::new(),
         };
         module.visit(&mut gather);
         let Gather { slots, kept, .. } = gather;
-        let total = end(&slots);
-        let (m, v): (Vec<_>, Vec<_>) = kept
-            .into_iter()
-            .zip(&slots)
-            .filter_map(|(k, s)| k.map(|(m, v)| ((s.start, m), (s.start, v))))
-            .unzip();
+        let lens = chunk_lens(&slots);
+        let mut parts: Vec<_> = lens.iter().map(|_| (Vec::new(), Vec::new())).collect();
+        for (k, s) in kept.into_iter().zip(&slots) {
+            if let Some((m, v)) = k {
+                parts[s.chunk].0.push((s.start, m));
+                parts[s.chunk].1.push((s.start, v));
+            }
+        }
         // Moments not kept start at zero, as Burn's do.
-        let (m, v) = (laid(m, total, device), laid(v, total, device));
+        let (m, v) = parts
+            .into_iter()
+            .zip(&lens)
+            .map(|((m, v), &len)| (laid(m, len, device), laid(v, len, device)))
+            .unzip();
         self.moments = Some(Moments { slots, m, v });
     }
 
     /// Lays out `grads` (taking them) for `module`'s next update: the runs of consecutive
-    /// parameters with a gradient and the same step count, each run's gradients as one tensor.
+    /// parameters of a chunk with a gradient and the same step count, each run's gradients as
+    /// one tensor.
     pub fn gradients<M: Module<B>>(
         &mut self,
         module: &M,
@@ -351,26 +481,31 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
         }
         let mut take = Take::<B::InnerBackend> { grads: &mut grads, out: Vec::new() };
         module.visit(&mut take);
-        /// The run being gathered: its first slot, step count and gradients.
+        /// The run being gathered: its first slot and its gradients.
         struct Open<I: Backend> {
             first: usize,
-            time: usize,
             parts: Vec<Tensor<I, 1>>,
         }
+        let slots = &moments.slots;
         let mut runs = Vec::new();
         let mut open: Option<Open<B::InnerBackend>> = None;
         let close = |open: Option<Open<B::InnerBackend>>, runs: &mut Vec<Run<_>>| {
-            if let Some(Open { first, time, parts }) = open {
-                let slots = first..first + parts.len();
-                let of = &moments.slots[slots.clone()];
+            if let Some(Open { first, parts }) = open {
+                let range = first..first + parts.len();
+                let of = &slots[range.clone()];
                 let base = of[0].start;
                 let parts = of.iter().zip(parts).map(|(s, g)| (s.start - base, g)).collect();
-                runs.push(Run { slots, time, grad: laid(parts, end(of) - base, device) });
+                runs.push(Run {
+                    chunk: of[0].chunk,
+                    slots: range,
+                    time: of[0].time,
+                    grad: laid(parts, end(of) - base, device),
+                });
             }
         };
-        for (k, (g, slot)) in take.out.into_iter().zip(&moments.slots).enumerate() {
-            let continues =
-                matches!(&open, Some(o) if o.time == slot.time && o.first + o.parts.len() == k);
+        for (k, (g, slot)) in take.out.into_iter().zip(slots).enumerate() {
+            let continues = matches!(&open, Some(o) if o.first + o.parts.len() == k
+                && slots[o.first].time == slot.time && slots[o.first].chunk == slot.chunk);
             match g {
                 Some(g) if continues => {
                     if let Some(o) = &mut open {
@@ -379,7 +514,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                 }
                 Some(g) => {
                     close(open.take(), &mut runs);
-                    open = Some(Open { first: k, time: slot.time, parts: vec![g] });
+                    open = Some(Open { first: k, parts: vec![g] });
                 }
                 None => close(open.take(), &mut runs),
             }
@@ -400,7 +535,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
         // `gradients` laid the moments out for this module.
         let Some(moments) = self.moments.as_mut() else { return module };
         let slots = &mut moments.slots;
-        let device = moments.m.device();
+        let Some(device) = moments.m.first().map(|m| m.device()) else { return module };
         let mut run_of = vec![None; slots.len()];
         for (r, run) in grads.runs.iter().enumerate() {
             run_of[run.slots.clone()].iter_mut().for_each(|x| *x = Some(r));
@@ -429,61 +564,70 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
             parts: grads.runs.iter().map(|_| Vec::new()).collect(),
         };
         module.visit(&mut take);
-        let (mut m_parts, mut v_parts, mut updated) = (Vec::new(), Vec::new(), Vec::new());
-        let mut at = 0;
-        for (run, params) in grads.runs.into_iter().zip(take.parts) {
-            let e = run.elements(slots);
-            let params = slots[run.slots.clone()]
-                .iter()
-                .zip(params)
-                .map(|(s, p)| (s.start - e.start, p))
-                .collect();
-            let grad = if factor == 1.0 { run.grad } else { run.grad.mul_scalar(factor) };
-            let part = |t: &Tensor<B::InnerBackend, 1>| t.clone().narrow(0, e.start, e.len());
-            let state = (run.time > 0).then(|| AdamWState {
-                momentum: AdaptiveMomentumState {
-                    time: run.time,
-                    moment_1: part(&moments.m),
-                    moment_2: part(&moments.v),
-                    max_moment_2: None,
-                },
-            });
-            let (p, state) = SimpleOptimizer::<B::InnerBackend>::step(
-                &self.adamw,
-                lr,
-                laid(params, e.len(), &device),
-                grad,
-                state,
-            );
-            // Burn's AdamW always gives its state back; without one the run stays as it was.
-            let Some(AdamWState { momentum: state }) = state else {
-                updated.push(None);
-                continue;
-            };
-            if at < e.start {
-                m_parts.push(moments.m.clone().narrow(0, at, e.start - at));
-                v_parts.push(moments.v.clone().narrow(0, at, e.start - at));
+        let lens = chunk_lens(slots);
+        // Chunk by chunk, so that a chunk's old moments are dropped before the next's update.
+        let old = std::mem::take(&mut moments.m).into_iter().zip(std::mem::take(&mut moments.v));
+        let mut runs = grads.runs.into_iter().zip(take.parts).peekable();
+        let mut updated = Vec::new();
+        for (c, (m, v)) in old.enumerate() {
+            let len = lens.get(c).copied().unwrap_or(0);
+            let mut chunk = ChunkUpdate { old: Some((m, v)), m: Vec::new(), v: Vec::new(), at: 0 };
+            while let Some((run, params)) = runs.next_if(|(r, _)| r.chunk == c) {
+                let e = run.elements(slots);
+                let params = slots[run.slots.clone()]
+                    .iter()
+                    .zip(params)
+                    .map(|(s, p)| (s.start - e.start, p))
+                    .collect();
+                let grad = if factor == 1.0 { run.grad } else { run.grad.mul_scalar(factor) };
+                chunk.keep(chunk.at, e.start);
+                // A run over the whole chunk takes its moments whole: then AdamW holds the only
+                // handle on them and may update them in place.
+                let (m, v) = match chunk.old.take() {
+                    Some(old) if e.start == 0 && e.end == len => old,
+                    old => {
+                        chunk.old = old;
+                        chunk.part(e.clone(), &device)
+                    }
+                };
+                let state = (run.time > 0).then(|| AdamWState {
+                    momentum: AdaptiveMomentumState {
+                        time: run.time,
+                        moment_1: m,
+                        moment_2: v,
+                        max_moment_2: None,
+                    },
+                });
+                let (p, state) = SimpleOptimizer::<B::InnerBackend>::step(
+                    &self.adamw,
+                    lr,
+                    laid(params, e.len(), &device),
+                    grad,
+                    state,
+                );
+                // Burn's AdamW always gives its state back; without one the run has none (its
+                // moments zero, its count 0), as Burn's adaptor would keep it.
+                let (time, m, v) = match state {
+                    Some(AdamWState { momentum: s }) => (s.time, s.moment_1, s.moment_2),
+                    None => {
+                        (0, Tensor::zeros([e.len()], &device), Tensor::zeros([e.len()], &device))
+                    }
+                };
+                chunk.m.push(m);
+                chunk.v.push(v);
+                chunk.at = e.end;
+                slots[run.slots.clone()].iter_mut().for_each(|s| s.time = time);
+                updated.push((e.start, p));
             }
-            m_parts.push(state.moment_1);
-            v_parts.push(state.moment_2);
-            at = e.end;
-            slots[run.slots.clone()].iter_mut().for_each(|s| s.time = state.time);
-            updated.push(Some((e.start, p)));
-        }
-        let total = end(slots);
-        if at < total && !m_parts.is_empty() {
-            m_parts.push(moments.m.clone().narrow(0, at, total - at));
-            v_parts.push(moments.v.clone().narrow(0, at, total - at));
-        }
-        if !m_parts.is_empty() {
-            moments.m = joined(m_parts);
-            moments.v = joined(v_parts);
+            let (m, v) = chunk.finish(len);
+            moments.m.push(m);
+            moments.v.push(v);
         }
         // The new parameters: views of their run's result.
         struct Put<'a, I: Backend> {
             run_of: &'a [Option<usize>],
             slots: &'a [Slot],
-            updated: &'a [Option<(usize, Tensor<I, 1>)>],
+            updated: &'a [(usize, Tensor<I, 1>)],
             k: usize,
         }
         impl<B: AutodiffBackend> ModuleMapper<B> for Put<'_, B::InnerBackend> {
@@ -500,7 +644,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                 let (Some(&Some(r)), Some(s)) = (self.run_of.get(k), self.slots.get(k)) else {
                     return Param::from_mapped_value(id, value, mapper);
                 };
-                let Some(Some((first, p))) = self.updated.get(r) else {
+                let Some((first, p)) = self.updated.get(r) else {
                     return Param::from_mapped_value(id, value, mapper);
                 };
                 let dims: [usize; D] = value.dims();
@@ -622,16 +766,23 @@ mod tests {
 
     /// Both optimizers over several steps (a part frozen at first, a run split, a factor, a
     /// learning rate that changes, weight decay), and each resumed from the other's record after
-    /// step 2: the same parameter bits at every step, the same record bits.
-    #[test]
-    fn is_burn_s_adamw_bit_for_bit_and_resumes_from_its_record() {
+    /// step 2: the same parameter bits at every step, the same record bits. The flat one in
+    /// chunks of `chunk` elements (`None`: the device's); returns its runs per step.
+    fn against_burn_s_adamw(chunk: Option<usize>) -> Vec<usize> {
         let device = Default::default();
+        let flat = |settings| {
+            let o = FlatAdamW::<B>::new(settings);
+            match chunk {
+                Some(n) => o.with_chunk(n),
+                None => o,
+            }
+        };
         let settings =
             AdamWSettings { beta_1: 0.9, beta_2: 0.98, epsilon: 1e-9, weight_decay: 1e-3 };
         let start = net(&device);
         let mut burn_opt =
             OptimizerAdaptor::<HostAdamW, Net<B>, B>::from(HostAdamW::new(settings, false));
-        let mut flat_opt = FlatAdamW::<B>::new(settings);
+        let mut flat_opt = flat(settings);
         let (mut mb, mut mf) = (start.clone(), start);
         let (mut mb2, mut mf2) = (None, None);
         let mut run_counts = Vec::new();
@@ -662,7 +813,7 @@ mod tests {
                 let b2 =
                     OptimizerAdaptor::<HostAdamW, Net<B>, B>::from(HostAdamW::new(settings, false))
                         .load_record(flat_opt.to_record(&mf));
-                let f2 = FlatAdamW::<B>::new(settings).load_record(burn_opt.to_record());
+                let f2 = flat(settings).load_record(burn_opt.to_record());
                 mb2 = Some((b2, mf.clone()));
                 mf2 = Some((f2, mb.clone()));
             }
@@ -682,9 +833,39 @@ mod tests {
                 }
             }
         }
-        // Steps 0-1: one run (a frozen); step 2: a joins with its own count; 3: c missing, a
-        // behind; 4-5: a behind the rest, c one step behind them since step 3.
-        assert_eq!(run_counts, vec![1, 1, 2, 2, 3, 3]);
+        run_counts
+    }
+
+    #[test]
+    fn is_burn_s_adamw_bit_for_bit_and_resumes_from_its_record() {
+        // One chunk. Steps 0-1: one run (a frozen); step 2: a joins with its own count; 3: c
+        // missing, a behind; 4-5: a behind the rest, c one step behind them since step 3.
+        assert_eq!(against_burn_s_adamw(None), vec![1, 1, 2, 2, 3, 3]);
+    }
+
+    /// In chunks of 256 elements: a.weight (2,310) alone in chunk 0, larger than a chunk; a.bias
+    /// and the norm's scale (33 each) in 1; its shift in 2; b.weight (165) in 3; c (60) in 4.
+    /// Runs do not cross chunks, a run over a whole chunk takes its moments whole, and chunk 1
+    /// is split in two runs from step 2 (a's count behind).
+    #[test]
+    fn is_burn_s_adamw_bit_for_bit_in_chunks_smaller_than_a_parameter() {
+        assert_eq!(against_burn_s_adamw(Some(2 * ALIGN)), vec![4, 4, 6, 5, 6, 6]);
+    }
+
+    /// The chunk on a device: CHUNK_BYTES (64M elements) where the backend has no limit of its
+    /// own; on wgpu no more than the device's largest binding.
+    #[test]
+    fn a_chunk_is_no_larger_than_the_device_binds() {
+        let cpu = chunk_elements(&burn::backend::ndarray::NdArrayDevice::Cpu);
+        assert_eq!(cpu, (CHUNK_BYTES / 4) as usize);
+        #[cfg(feature = "wgpu")]
+        {
+            let d = burn::backend::wgpu::WgpuDevice::DefaultDevice;
+            let largest = largest_buffer(&d).expect("a wgpu device has a largest buffer");
+            let n = chunk_elements(&d);
+            eprintln!("wgpu: largest buffer {largest} bytes, chunk {n} elements");
+            assert!(n * 4 <= largest as usize && n.is_multiple_of(ALIGN) && n > 0);
+        }
     }
 
     /// The norm is the gradients' global norm (`grads::global_norm`: float64 on NdArray).

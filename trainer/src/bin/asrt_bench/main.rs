@@ -13,6 +13,8 @@
 //!   encoder, prediction network, joint) on the CPU backend.
 //! - `matmul`: each matmul kernel of `--matmul` at the 0.6B preset's linear products on a
 //!   device (wgpu, cuda:N): time, TFLOP/s, error against float64.
+//! - `optimizer-memory`: what an AdamW update holds beyond the model and its moments, chunked
+//!   `FlatAdamW` against Burn's per-parameter adaptor, on a device (wgpu, cpu).
 //! - `tdt-check`: the loss on a device (cpu: burn-flex, wgpu, cuda:N) against the float64 CPU
 //!   path per logits type, timed against a log-softmax (the GPU kit's first step).
 //!
@@ -34,6 +36,7 @@ use serde_json::json;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod matmul;
+mod optimizer_memory;
 mod tdt_check;
 
 #[derive(Parser)]
@@ -223,6 +226,34 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         repeats: usize,
     },
+    /// What an AdamW update holds beyond the model and its moments: the growth of the peak
+    /// resident set over steps 2.. from after step 1 (device memory on `cpu`, `flex`, and `wgpu`
+    /// over Mesa's software Vulkan; not on a real GPU), with made-up gradients, for the preset
+    /// with its encoder's layers and width overridden; in MiB and in parameter sizes.
+    OptimizerMemory {
+        /// `cpu`, `flex` or `wgpu` (fused unless `--fusion off`).
+        #[arg(long, default_value = "wgpu")]
+        device: String,
+        #[arg(long, value_enum, default_value = "on")]
+        fusion: asr_trainer::Fusion,
+        #[arg(long, value_enum, default_value = "flat")]
+        optimizer: optimizer_memory::Which,
+        /// `FlatAdamW`'s chunk in MiB (default: 256 MiB, or the device's largest buffer if
+        /// smaller).
+        #[arg(long)]
+        chunk_mib: Option<f64>,
+        #[arg(long, default_value = "parakeet-tdt-0.6b")]
+        preset: String,
+        #[arg(long)]
+        layers: Option<usize>,
+        #[arg(long)]
+        d_model: Option<usize>,
+        /// Vocabulary (Parakeet: 1024).
+        #[arg(long, default_value_t = 1024)]
+        vocab: usize,
+        #[arg(long, default_value_t = 4)]
+        steps: usize,
+    },
     /// NCCL at world size 1 on `cuda:N`: the in-process all-reduce (CubeCL's client) and the
     /// between-processes communicator (cudarc), each summing a known vector; a build without
     /// CUDA says so.
@@ -359,6 +390,39 @@ fn main() -> anyhow::Result<()> {
                 "flex" => train_step_bench::<burn::backend::Autodiff<burn::backend::Flex>>(run)?,
                 other => anyhow::bail!("--backend {other:?}: expected ndarray or flex"),
             }
+        }
+        Bench::OptimizerMemory {
+            device,
+            fusion,
+            optimizer,
+            chunk_mib,
+            preset,
+            layers,
+            d_model,
+            vocab,
+            steps,
+        } => {
+            let mut model = asr_trainer::ModelConfig::preset(&preset)
+                .with_context(|| format!("unknown preset {preset}"))?;
+            if let Some(n) = layers {
+                model.encoder.n_layers = n;
+            }
+            if let Some(d) = d_model {
+                model.encoder.d_model = d;
+                model.encoder.ff_dim = 4 * d;
+            }
+            let devices = device.parse::<Devices>()?.with_fusion(fusion);
+            devices.prepare(&kernel_cache(), false)?;
+            let chunk = chunk_mib.map(|m| (m * 1048576.0 / 4.0) as usize);
+            let work = optimizer_memory::OptimizerMemory {
+                name: device,
+                model,
+                vocab,
+                which: optimizer,
+                chunk,
+                steps,
+            };
+            asr_trainer::dispatch(&devices, work)?
         }
         Bench::ModelShape { preset, seconds, tokens, vocab, repeats } => {
             model_shape_bench(&preset, seconds, tokens, vocab, repeats)?
