@@ -22,9 +22,9 @@
 //! it, else zero. Each group's launch writes `[its first offset (0 for the first), the next
 //! group's first offset (the end for the last))`, so the launches write every element once;
 //! within it part `k`'s cubes write from its offset (the group's first for `k = 0`) to the next
-//! part's, each cube its own block of `CUBE * PER_UNIT` of them. A group has as many tensors as the device binds less three (the output, the scalars
-//! and one spare), at most [`GROUP`]: wgpu's limit on storage buffers per shader can be as low
-//! as 8.
+//! part's, each cube its own block of `CUBE * PER_UNIT` of them. A group has as many tensors as
+//! the device binds less three (the output, the scalars and one spare), at most [`GROUP`]:
+//! wgpu's limit on storage buffers per shader can be as low as 8.
 
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -81,11 +81,14 @@ pub fn lay_out_group(
     }
 }
 
-/// Elements each unit copies: a part's span takes `ceil(span / (CUBE * PER_UNIT))` cubes, so
-/// a launch has about as many cubes as its elements need (the earlier grid gave every part the
-/// longest part's row of cubes: 0.6 s a launch on lavapipe for a 23M-parameter model, most of
-/// them idle).
-const PER_UNIT: usize = 4;
+/// Elements each unit copies: a part's span takes `ceil(span / (CUBE * PER_UNIT))` cubes, so a
+/// launch has about as many cubes as its elements need. The earlier grid gave every part the
+/// longest part's row of cubes, most of them idle: 0.6 s a launch on lavapipe for a
+/// 23M-parameter model. A unit's cost beyond its copies (finding its part among up to 32) is
+/// large on lavapipe: laying out 26M elements took 1.35 s at 1 element a unit, 0.82 s at 4,
+/// 0.17 s at 32, 0.14 s at 64, 0.09 s at 128 (Burn's fill and slice assignments: 0.07 s). 64
+/// still gives a GPU enough cubes: about 1,600 for 26M elements.
+const PER_UNIT: usize = 64;
 
 /// The layout as one operation per group (see the module): the backends that have it.
 pub trait DeviceLayout: Backend {
