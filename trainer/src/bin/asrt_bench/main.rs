@@ -516,11 +516,14 @@ fn main() -> anyhow::Result<()> {
                 &Default::default(),
                 [batch, frames, targets, vocab],
             )?,
+            #[cfg(feature = "wgpu")]
             "wgpu" => tdt_memory::<burn::backend::Wgpu>(
                 "wgpu",
                 &Default::default(),
                 [batch, frames, targets, vocab],
             )?,
+            #[cfg(not(feature = "wgpu"))]
+            "wgpu" => anyhow::bail!("--backend wgpu: this build has no wgpu (--features wgpu)"),
             other => anyhow::bail!("--backend {other}: expected cpu or wgpu"),
         },
         Bench::JointMemory { batch, seconds, tokens_per_second, part, unfused } => {
