@@ -92,7 +92,7 @@ pub use device::{
 pub use kernel_cache::KernelCache;
 // Training.
 pub use loss_scale::LossScale;
-pub use train::adamw::AdamWSettings;
+pub use train::adamw::{AdamWSettings, HostAdamW};
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
 pub use train::flat_adamw::FlatAdamW;
 pub use train::fused::{joint_in_parts, JointInputs};

@@ -124,7 +124,6 @@ pub fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
         use burn_cubecl::cubecl::cuda::CudaRuntime;
         return Some(CudaRuntime::client(d).properties().memory.max_page_size);
     }
-    let _ = device;
     None
 }
 

@@ -564,13 +564,13 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
             parts: grads.runs.iter().map(|_| Vec::new()).collect(),
         };
         module.visit(&mut take);
-        let lens = chunk_lens(slots);
         // Chunk by chunk, so that a chunk's old moments are dropped before the next's update.
         let old = std::mem::take(&mut moments.m).into_iter().zip(std::mem::take(&mut moments.v));
         let mut runs = grads.runs.into_iter().zip(take.parts).peekable();
         let mut updated = Vec::new();
         for (c, (m, v)) in old.enumerate() {
-            let len = lens.get(c).copied().unwrap_or(0);
+            // The chunk's length is its moments'.
+            let len = m.dims()[0];
             let mut chunk = ChunkUpdate { old: Some((m, v)), m: Vec::new(), v: Vec::new(), at: 0 };
             while let Some((run, params)) = runs.next_if(|(r, _)| r.chunk == c) {
                 let e = run.elements(slots);

@@ -12,9 +12,12 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use asr_trainer::{AdamWSettings, DeviceAllReduce, FlatAdamW, ModelConfig, OnBackend, TdtModel};
+use asr_trainer::{
+    AdamWSettings, DeviceAllReduce, FlatAdamW, HostAdamW, ModelConfig, OnBackend, TdtModel,
+};
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use serde_json::json;
@@ -73,12 +76,7 @@ impl OnBackend for OptimizerMemory {
         let param_mib = (params * 4) as f64 / 1048576.0;
         let settings =
             AdamWSettings { beta_1: 0.9, beta_2: 0.98, epsilon: 1e-9, weight_decay: 1e-3 };
-        let mut burn = AdamWConfig::new()
-            .with_beta_1(settings.beta_1)
-            .with_beta_2(settings.beta_2)
-            .with_epsilon(settings.epsilon)
-            .with_weight_decay(settings.weight_decay)
-            .init::<B, TdtModel<B>>();
+        let mut burn = OptimizerAdaptor::<AdamW, TdtModel<B>, B>::from(HostAdamW::burn(settings));
         let mut flat = FlatAdamW::<B>::new(settings);
         if let Some(n) = self.chunk {
             flat = flat.with_chunk(n);
