@@ -330,8 +330,21 @@ def check_train_big(rc, log, work, name="d"):
             mfu_s = f"{figures['achieved_tflops']:.1f} TFLOP/s = MFU {100 * figures['mfu_vs_bf16_peak']:.1f} % of the {peak} bf16 peak"
         else:
             mfu_s = f"{figures['achieved_tflops']:.3f} TFLOP/s (no peak known for this device)"
+    # The pool's own counts (asrt's metrics, `device_memory`): the largest in live buffers at each
+    # phase of a step, and the largest reserved, over all steps.
+    pool = [m["device_memory"] for m in ms if m.get("device_memory")]
+    pool_s = ""
+    if pool:
+        for key in ("forward_bytes", "gradients_bytes", "update_bytes", "reserved_bytes"):
+            vals = [p[key] for p in pool if p.get(key) is not None]
+            if vals:
+                figures[f"pool_{key[:-6]}_mib"] = max(vals) / 2**20
+        phases = ", ".join(f"{k} {figures[f'pool_{k}_mib']:.0f}" for k in ("forward", "gradients", "update")
+                           if f"pool_{k}_mib" in figures)
+        pool_s = f" (pool: in use {phases} MiB; reserved {figures.get('pool_reserved_mib', 0):.0f} MiB)"
     save(work, name, figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
+    mem_s += pool_s
     return (f"PASS: {len(ms)} steps, median {step_s:.3f} s/step ({figures['audio_seconds_per_step']:.0f} audio-s per step), "
             f"{audio:.1f} audio-s/s, data wait {100 * figures['data_wait_share']:.1f} %, peak device memory {mem_s}; "
             f"{mfu_s}")

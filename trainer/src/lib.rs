@@ -94,6 +94,7 @@ pub use kernel_cache::KernelCache;
 pub use loss_scale::LossScale;
 pub use train::adamw::{AdamWSettings, HostAdamW};
 pub use train::collective::{Collective, CollectiveError, LocalGroup, Rendezvous, Solo, TcpGroup};
+pub use train::device_memory::{pool_usage, DeviceMemory};
 pub use train::flat_adamw::FlatAdamW;
 pub use train::fused::{joint_in_parts, JointInputs};
 pub use train::grads::flatten as flatten_gradients;

@@ -160,12 +160,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let quiet = args.quiet;
     let mut on_step = |m: &StepMetrics, target: u64| {
         let msg = format!(
-            "(micro-batch {}, {accum} per step) loss {:.4} lr {:.2e} |g| {:.3} {:.0} audio-s/s{}",
+            "(micro-batch {}, {accum} per step) loss {:.4} lr {:.2e} |g| {:.3} {:.0} audio-s/s{}{}",
             m.micro_batches,
             m.loss,
             m.lr,
             m.grad_norm,
             m.audio_seconds_per_second,
+            m.device_memory.map_or(String::new(), |d| format!(
+                " device {:.2} GB in use, {:.2} reserved",
+                d.in_use_bytes() as f64 / 1e9,
+                d.reserved_bytes as f64 / 1e9
+            )),
             match (m.skipped, m.loss_scale) {
                 (false, _) => String::new(),
                 (true, None) => " SKIPPED (non-finite)".to_owned(),

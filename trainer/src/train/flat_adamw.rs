@@ -12,10 +12,11 @@
 //! once per run over the flat tensors; the new parameters are views of its result (narrowed and
 //! reshaped), without a copy where they sit on CubeCL's alignment ([`ALIGN`]).
 //!
-//! Chunks: consecutive parameters fill a chunk of at most [`CHUNK_BYTES`], or of the device's
-//! largest buffer where that is smaller (a wgpu device binds at most its
-//! `max_storage_buffer_binding_size`, 128 MiB on lavapipe: one flat tensor over all the 0.6B
-//! preset's parameters would be 2.4 GB). A parameter larger than a chunk has one to itself. The
+//! Chunks: consecutive parameters fill a chunk of at most [`CHUNK_BYTES`], or of a sixteenth of
+//! the device's largest buffer where that is smaller ([`PAGE_FRACTION`]: a wgpu device binds at
+//! most its `max_storage_buffer_binding_size`, 128 MiB on lavapipe, and one flat tensor over all
+//! the 0.6B preset's parameters would be 2.4 GB; CubeCL's pool reuses smaller pieces better). A
+//! parameter larger than a chunk has one to itself. The
 //! chunk also bounds what an update holds beyond Burn's own per-parameter AdamW: AdamW's
 //! temporaries are one chunk's, and a chunk's moments, handed to AdamW whole where one run
 //! covers the chunk (the usual case), are its only handle on them, so Burn may update them in
@@ -191,10 +192,25 @@ fn end(slots: &[Slot]) -> usize {
     slots.last().map_or(0, |s| (s.start + s.len).next_multiple_of(ALIGN))
 }
 
-/// Elements per chunk on `device`: [`CHUNK_BYTES`], or the device's largest buffer if smaller,
-/// as whole [`ALIGN`]s (at least one).
+/// A chunk is at most the device's largest buffer over this.
+///
+/// Why: CubeCL's pool (its default, `SubSlices`) slices buffers larger than an eighth of a
+/// quarter of its largest page out of pages of the largest size, one to a page where two do
+/// not fit; below that, out of pages of a quarter of it, several to a page. A chunk of a
+/// sixteenth falls in the second pool, at least two to a page (four on lavapipe, whose largest
+/// page is 128 MiB), so the temporaries of one chunk's update, freed, are sliced again for the
+/// next chunk's instead of each keeping a page. On lavapipe (`asrt-bench optimizer-memory`, a
+/// 23.5M-parameter model, 89.6 MiB) the pool reserved 1,104 MiB with one chunk of all
+/// parameters and 488 MiB with 8 MiB chunks, at the same step time; Burn's per-parameter
+/// update 440 MiB (bench/RESULTS.md). On CUDA the largest page is a quarter of the device's
+/// memory, so a chunk there is [`CHUNK_BYTES`].
+const PAGE_FRACTION: u64 = 16;
+
+/// Elements per chunk on `device`: [`CHUNK_BYTES`], or a [`PAGE_FRACTION`] of the device's
+/// largest buffer if smaller, as whole [`ALIGN`]s (at least one).
 fn chunk_elements<D: 'static>(device: &D) -> usize {
-    let bytes = CHUNK_BYTES.min(largest_buffer(device).unwrap_or(u64::MAX));
+    let page = largest_buffer(device).map_or(u64::MAX, |b| b / PAGE_FRACTION);
+    let bytes = CHUNK_BYTES.min(page);
     let elements = usize::try_from(bytes / 4).unwrap_or(usize::MAX);
     (elements / ALIGN).max(1) * ALIGN
 }
@@ -855,7 +871,7 @@ mod tests {
     /// The chunk on a device: CHUNK_BYTES (64M elements) where the backend has no limit of its
     /// own; on wgpu no more than the device's largest binding.
     #[test]
-    fn a_chunk_is_no_larger_than_the_device_binds() {
+    fn a_chunk_is_a_sixteenth_of_the_devices_largest_page() {
         let cpu = chunk_elements(&burn::backend::ndarray::NdArrayDevice::Cpu);
         assert_eq!(cpu, (CHUNK_BYTES / 4) as usize);
         #[cfg(feature = "wgpu")]
@@ -864,7 +880,11 @@ mod tests {
             let largest = largest_buffer(&d).expect("a wgpu device has a largest buffer");
             let n = chunk_elements(&d);
             eprintln!("wgpu: largest buffer {largest} bytes, chunk {n} elements");
-            assert!(n * 4 <= largest as usize && n.is_multiple_of(ALIGN) && n > 0);
+            assert!(n.is_multiple_of(ALIGN) && n > 0);
+            // A sixteenth of the largest page where that is below CHUNK_BYTES (lavapipe's page
+            // is 128 MiB: 8 MiB chunks), within one ALIGN of it.
+            let want = (CHUNK_BYTES.min(largest / PAGE_FRACTION) / 4) as usize;
+            assert!(n <= want && want - n < ALIGN, "{n} elements against {want}");
         }
     }
 

@@ -50,6 +50,10 @@ pub struct StepMetrics {
     /// Each rank's part (data wait, step time, utterances, audio seconds), in rank order.
     #[serde(default)]
     pub ranks: Vec<crate::train::parallel::RankStep>,
+    /// This rank's device memory at the step's synchronisation points (rank 0's in the log),
+    /// on the devices with a CubeCL pool (wgpu, CUDA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<super::device_memory::DeviceMemory>,
     /// Validation results, on steps that validated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation: Option<serde_json::Value>,
@@ -88,6 +92,10 @@ pub fn tensorboard_scalars(m: &StepMetrics) -> Vec<(&'static str, f32)> {
         s.push(("data_wait_share", (wait / busy) as f32));
     }
     s.push(("skipped", if m.skipped { 1.0 } else { 0.0 }));
+    if let Some(d) = &m.device_memory {
+        s.push(("device_memory_in_use_gb", d.in_use_bytes() as f32 / 1e9));
+        s.push(("device_memory_reserved_gb", d.reserved_bytes as f32 / 1e9));
+    }
     if let Some(v) = &m.validation {
         for (key, tag) in [("wer", "val_wer"), ("cer", "val_cer")] {
             if let Some(x) = v.get(key).and_then(serde_json::Value::as_f64) {

@@ -22,6 +22,7 @@ pub mod adamw;
 pub mod collective;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_layout;
+pub mod device_memory;
 pub mod flat_adamw;
 pub mod fused;
 pub mod grad_norms;
@@ -359,6 +360,8 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     /// Each parameter's gradient norm per step, where `ASRT_GRAD_NORMS` names a file
     /// ([`grad_norms`]).
     grad_norms: Option<grad_norms::GradNormLog>,
+    /// The device memory of the step under way ([`device_memory`]).
+    memory: device_memory::MemoryWatch,
 }
 
 /// A batch encoded up to the joint (see [`Trainer::encode_batch`]).
@@ -423,6 +426,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             node_transport: None,
             largest_fit: None,
             grad_norms: grad_norms::GradNormLog::from_env(),
+            memory: device_memory::MemoryWatch::default(),
         })
     }
 
@@ -594,6 +598,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         }
         let loss = self.whole_loss(e, batch)?;
         let value: f32 = loss.clone().into_scalar().elem();
+        // Reading the loss waited for the forward: its activations are all live here.
+        self.memory.sample(device_memory::Phase::Forward, &self.device);
         if !value.is_finite() {
             return Ok(None);
         }
@@ -607,6 +613,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     fn check_device(&mut self, batch: &PaddedBatch, slot: u64) -> Result<(), TrainError> {
         match crate::device_failure::check::<B>(&self.device) {
             Ok(()) => {
+                self.memory.sample(device_memory::Phase::Gradients, &self.device);
                 let cells = out_of_memory::lattice_cells(batch);
                 self.largest_fit = Some(self.largest_fit.map_or(cells, |c| c.max(cells)));
                 Ok(())
@@ -858,6 +865,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             during: format!("the optimizer update of step {}", self.step - 1),
             failure,
         })?;
+        self.memory.sample(device_memory::Phase::Update, &self.device);
         let (model, _) = parallel::sync_buffers(self.model.clone(), coll)?;
         self.model = model;
         self.micro = step.next_micro;
@@ -904,6 +912,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             ids,
             world_size: coll.world() as u32,
             ranks,
+            device_memory: self.memory.take(),
             validation: None,
         })
     }

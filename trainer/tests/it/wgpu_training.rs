@@ -200,6 +200,23 @@ fn asrt_trains_and_evaluates_on_wgpu() {
         assert!(m["loss"].as_f64().unwrap().is_finite(), "{m}");
     }
     assert!(run.join("checkpoints").join("latest").is_file());
+    // Each step's device memory, against the checkpoint of step 3 (written after its update):
+    // after the update the pool holds the parameters and both moments (what model.mpk and
+    // optim.mpk hold, with their keys), and after backward also one gradient per trainable
+    // parameter, as many bytes as one moment (half of optim.mpk).
+    let step3 = run.join("checkpoints").join("step-00000003");
+    let size = |f: &str| std::fs::metadata(step3.join(f)).unwrap().len() as f64;
+    let (model, optim) = (size("model.mpk"), size("optim.mpk"));
+    let mem = &lines[2]["device_memory"];
+    let bytes = |k: &str| mem[k].as_f64().unwrap_or_else(|| panic!("no {k} in {mem}"));
+    let (forward, gradients, update) =
+        (bytes("forward_bytes"), bytes("gradients_bytes"), bytes("update_bytes"));
+    assert!(bytes("reserved_bytes") >= forward.max(gradients).max(update), "{mem}");
+    // Measured: in use after the update 1.23x the two files (the mel front end's tables and
+    // the like besides); the gradients 0.17 % below half of optim.mpk (its keys); bound 1 %.
+    assert!(update >= 0.99 * (model + optim), "{mem}: model.mpk {model}, optim.mpk {optim}");
+    let grads = gradients - update;
+    assert!((grads - optim / 2.0).abs() <= 0.01 * optim / 2.0, "{mem}: optim.mpk {optim}");
 
     let eval = |device: &str| -> serde_json::Value {
         let out = asrt(&[

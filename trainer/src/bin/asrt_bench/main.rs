@@ -229,7 +229,8 @@ enum Bench {
     /// What an AdamW update holds beyond the model and its moments: the growth of the peak
     /// resident set over steps 2.. from after step 1 (device memory on `cpu`, `flex`, and `wgpu`
     /// over Mesa's software Vulkan; not on a real GPU), with made-up gradients, for the preset
-    /// with its encoder's layers and width overridden; in MiB and in parameter sizes.
+    /// with its encoder's layers and width overridden; in MiB and in parameter sizes. On wgpu
+    /// (and CUDA) also CubeCL's pool: bytes in use after the steps, and the most it reserved.
     OptimizerMemory {
         /// `cpu`, `flex` or `wgpu` (fused unless `--fusion off`).
         #[arg(long, default_value = "wgpu")]
@@ -238,8 +239,8 @@ enum Bench {
         fusion: asr_trainer::Fusion,
         #[arg(long, value_enum, default_value = "flat")]
         optimizer: optimizer_memory::Which,
-        /// `FlatAdamW`'s chunk in MiB (default: 256 MiB, or the device's largest buffer if
-        /// smaller).
+        /// `FlatAdamW`'s chunk in MiB (default: 256 MiB, or a sixteenth of the device's largest
+        /// buffer if smaller).
         #[arg(long)]
         chunk_mib: Option<f64>,
         #[arg(long, default_value = "parakeet-tdt-0.6b")]

@@ -7,13 +7,16 @@
 //! figure is the update's alone. Step 1 creates the moments; the peak is taken over the later
 //! steps, from the resident set after step 1: on the CPU backends and on wgpu over Mesa's
 //! software Vulkan, device memory is host memory, so the process's peak resident set (VmHWM,
-//! reset by `clear_refs`) counts it. On a real GPU the figure is not the device's.
+//! reset by `clear_refs`) counts it. On a real GPU the figure is not the device's. On wgpu and
+//! CUDA the bench also reads CubeCL's memory pool after each step (`pool_usage`): the bytes
+//! in live buffers and the bytes the pool keeps reserved, a device's own figures.
 
 use std::time::Instant;
 
 use anyhow::Context;
 use asr_trainer::{
-    AdamWSettings, DeviceAllReduce, FlatAdamW, HostAdamW, ModelConfig, OnBackend, TdtModel,
+    pool_usage, AdamWSettings, DeviceAllReduce, FlatAdamW, HostAdamW, ModelConfig, OnBackend,
+    TdtModel,
 };
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -83,6 +86,8 @@ impl OnBackend for OptimizerMemory {
         }
         let mut times = Vec::new();
         let (mut after_first, mut peak) = (f64::NAN, f64::NAN);
+        // The pool after each step: bytes in use, the largest reserved.
+        let (mut pool_in_use, mut pool_reserved) = (None, None::<u64>);
         for step in 1..=self.steps.max(2) {
             let t = Instant::now();
             let grads = gradients(&model);
@@ -97,6 +102,10 @@ impl OnBackend for OptimizerMemory {
             };
             sync()?;
             times.push(t.elapsed().as_secs_f64());
+            if let Some((in_use, reserved)) = pool_usage(&device) {
+                pool_in_use = Some(in_use);
+                pool_reserved = Some(pool_reserved.map_or(reserved, |r| r.max(reserved)));
+            }
             if step == 1 {
                 after_first = memory().0;
                 reset_peak()?;
@@ -127,6 +136,8 @@ impl OnBackend for OptimizerMemory {
             "rss_after_step_1_mib": after_first, "peak_rss_mib": peak,
             "peak_growth_mib": peak - after_first,
             "peak_growth_in_parameters": (peak - after_first) / param_mib,
+            "pool_in_use_mib": pool_in_use.map(|b| b as f64 / 1048576.0),
+            "pool_reserved_mib": pool_reserved.map(|b| b as f64 / 1048576.0),
             "step_seconds_median": median(times[1..].to_vec()),
         }))
     }
