@@ -109,44 +109,6 @@ pub fn poisoned() -> bool {
     })
 }
 
-/// The largest buffer `device` allocates, in bytes, where it is a CubeCL device (wgpu, CUDA):
-/// CubeCL's largest page, on wgpu the device's largest storage binding (128 MiB on lavapipe).
-/// `None` for the other backends' devices, which have no such limit.
-pub fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
-    let device = device as &dyn std::any::Any;
-    #[cfg(feature = "wgpu")]
-    if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
-        use burn::backend::wgpu::WgpuRuntime;
-        return Some(WgpuRuntime::client(d).properties().memory.max_page_size);
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        use burn_cubecl::cubecl::cuda::CudaRuntime;
-        return Some(CudaRuntime::client(d).properties().memory.max_page_size);
-    }
-    None
-}
-
-/// Bytes in use by live buffers and reserved from the device by `device`'s CubeCL memory pool
-/// (this thread's stream), where it is a CubeCL device (wgpu, CUDA); `None` for the other
-/// backends' devices, or where the device reports a failure instead.
-pub fn memory_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
-    let device = device as &dyn std::any::Any;
-    let usage = |u: cubecl::MemoryUsage| (u.bytes_in_use, u.bytes_reserved);
-    #[cfg(feature = "wgpu")]
-    if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
-        use burn::backend::wgpu::WgpuRuntime;
-        return WgpuRuntime::client(d).memory_usage().ok().map(usage);
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        use burn_cubecl::cubecl::cuda::CudaRuntime;
-        return CudaRuntime::client(d).memory_usage().ok().map(usage);
-    }
-    let _ = usage;
-    None
-}
-
 /// The gradients of a weight `[taps, C]` and a bias `[C]` from partial sums over blocks of rows
 /// `[taps + 1, blocks, C]` (the bias's last), summed over the blocks (`device_sum`).
 pub fn weight_and_bias_sums<B: DeviceSum>(

@@ -1,4 +1,5 @@
-//! What a training step holds on the device, read from CubeCL's memory pool (wgpu, CUDA) at the
+//! The device's memory pool as CubeCL keeps it (wgpu, CUDA): its largest buffer, what it holds,
+//! and what a training step holds on the device, read from the pool at the
 //! step's synchronisation points: after a micro-batch's loss is read (the forward's
 //! activations), after its backward (the gradients) and after the update.
 //!
@@ -88,16 +89,50 @@ impl MemoryWatch {
     }
 }
 
-/// Bytes in use and reserved by `device`'s pool (`device_op::memory_usage`) where the build has
-/// a CubeCL backend and `device` is one of its devices.
+/// Bytes in use by live buffers and reserved from the device by `device`'s CubeCL memory pool
+/// (this thread's stream), where it is a CubeCL device (wgpu, CUDA); `None` for the other
+/// backends' devices, or where the device reports a failure instead.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
 pub fn pool_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    return crate::model::device_op::memory_usage(device);
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    {
-        let _ = device;
-        None
+    let device = device as &dyn std::any::Any;
+    #[cfg(feature = "wgpu")]
+    if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
+        use burn::backend::wgpu::WgpuRuntime;
+        use burn_cubecl::cubecl::Runtime;
+        return WgpuRuntime::client(d)
+            .memory_usage()
+            .ok()
+            .map(|u| (u.bytes_in_use, u.bytes_reserved));
     }
+    #[cfg(feature = "cuda")]
+    if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
+        use burn_cubecl::cubecl::{cuda::CudaRuntime, Runtime};
+        return CudaRuntime::client(d)
+            .memory_usage()
+            .ok()
+            .map(|u| (u.bytes_in_use, u.bytes_reserved));
+    }
+    None
+}
+
+/// The largest buffer `device` allocates, in bytes, where it is a CubeCL device (wgpu, CUDA):
+/// its pool's largest page, on wgpu the device's largest storage binding (128 MiB on lavapipe).
+/// `None` for the other backends' devices, which have no such limit.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
+pub fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
+    let device = device as &dyn std::any::Any;
+    #[cfg(feature = "wgpu")]
+    if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
+        use burn::backend::wgpu::WgpuRuntime;
+        use burn_cubecl::cubecl::Runtime;
+        return Some(WgpuRuntime::client(d).properties().memory.max_page_size);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
+        use burn_cubecl::cubecl::{cuda::CudaRuntime, Runtime};
+        return Some(CudaRuntime::client(d).properties().memory.max_page_size);
+    }
+    None
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ use burn::tensor::DType;
 use hashbrown::HashMap;
 
 use super::adamw::{AdamWSettings, HostAdamW};
+use super::device_memory::largest_buffer;
 
 /// The optimizer's record: Burn's adaptor's, per parameter id (see the module).
 pub type AdamWRecord<B> = HashMap<ParamId, AdaptorRecord<HostAdamW, B>>;
@@ -213,17 +214,6 @@ fn chunk_elements<D: 'static>(device: &D) -> usize {
     let bytes = CHUNK_BYTES.min(page);
     let elements = usize::try_from(bytes / 4).unwrap_or(usize::MAX);
     (elements / ALIGN).max(1) * ALIGN
-}
-
-/// The device's largest buffer (`device_op::largest_buffer`) where the build has a CubeCL backend.
-fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    return crate::model::device_op::largest_buffer(device);
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    {
-        let _ = device;
-        None
-    }
 }
 
 /// The place of a parameter of `len` elements after `slots`, in chunks of `chunk` elements: its
