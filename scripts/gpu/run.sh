@@ -10,7 +10,18 @@
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
 # call of at most 10 minutes should run: --only env,c,cg,d,dw,dp,e,db,g --budget 540 --cap 180, and
-# ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it).
+# ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
+# --work DIR (keep the working folder for a later call on the same machine, see below).
+#
+# A session's device time is short (15 minutes, machine start included). Call 1:
+#   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
+# and at once, while the machine is still held, call 2 with what is left:
+#   bash scripts/gpu/run.sh --only dm,db --budget SECONDS --work /tmp/asrt-kit
+# With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
+# parameter count and mm's timings, and a later call with the same DIR reuses them: dm then
+# compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
+# call writes besides (runs, logs) is removed at its start. On a fresh machine DIR is empty and
+# every step makes what it needs, except dm, which needs mm's timings (run mm,dm then).
 #
 # Steps, each under a timeout, with its own log and a one-line verdict:
 #   env  the machine's facts: nvidia-smi, driver, nvcc, NVRTC and NCCL found, python's torch
@@ -61,6 +72,7 @@ dry=0
 only=""
 budget=1500
 cap=0
+keep=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
@@ -69,12 +81,14 @@ while [ $# -gt 0 ]; do
     --only) only="$2"; shift ;;
     --budget) budget="$2"; shift ;;
     --cap) cap="$2"; shift ;;
+    --work) keep="$2"; shift ;;
     --short)
-      # db rather than du: mixed precision's products are new on CUDA (device_mixed), and du's
-      # figure (fusion's gain) was measured (bench/RESULTS.md).
-      only="env,c,cg,d,dw,dp,e,db,g"; budget=540; cap=180
+      # mm rather than db or du: products are half of a steady step's device time, and mm's
+      # timings let a second call's dm train with the fastest kernel; db's and du's figures
+      # were measured (bench/RESULTS.md).
+      only="env,c,cg,d,dw,dp,e,mm,g"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
-    -h|--help) sed -n '2,53p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -82,7 +96,16 @@ done
 [ -n "$out" ] || out=out/gpu
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-work="$(mktemp -d "${TMPDIR:-/tmp}/asrt-gpu.XXXXXX")"
+if [ -n "$keep" ]; then
+  mkdir -p "$keep"
+  work="$(cd "$keep" && pwd)"
+  # What a later call reuses (see --work above); the rest is this call's to write.
+  find "$work" -mindepth 1 -maxdepth 1 ! -name kernel-cache ! -name '*.asrcorpus' \
+    ! -name parakeet.toml ! -name d-shape.json ! -name mm.json -exec rm -rf {} +
+  echo "run.sh: working in $work (kept: $(cd "$work" && ls | tr '\n' ' '))"
+else
+  work="$(mktemp -d "${TMPDIR:-/tmp}/asrt-gpu.XXXXXX")"
+fi
 logs="$work/logs"
 mkdir -p "$logs"
 records="$work/records.tsv"
@@ -510,4 +533,4 @@ run_step f 300 step_f
 python3 scripts/gpu/check.py summary "$records" "$work" "$out" "$dry"
 tar -czf "$out/logs.tar.gz" -C "$work" logs $(cd "$work" && ls ./*.json ./*.csv 2>/dev/null) 2>/dev/null
 cat "$out/results.md"
-rm -rf "$work"
+[ -n "$keep" ] || rm -rf "$work"
