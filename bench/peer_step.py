@@ -4,7 +4,7 @@
     python3 bench/peer_step.py [--device cuda] [--precisions f32,tf32,bf16] [--steps 6]
                                [--batch-seconds 120] [--preset P] [--layers N] [--forward-only]
                                [--part model|encoder]
-                               [--threads N] [--json-out FILE] [--profile FILE]
+                               [--threads N] [--saved-tensors] [--json-out FILE] [--profile FILE]
 
 Builds ParakeetForTDT (transformers 5.x) randomly initialised from a config matching asrt's
 `parakeet-tdt-0.6b` preset (24 x 1024 FastConformer, 8x subsampling, 2 x 640 LSTM prediction
@@ -40,6 +40,7 @@ device memory (torch.cuda.max_memory_allocated), the first step's seconds. Print
 """
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -138,6 +139,10 @@ def main():
                     help="model: the whole step; encoder: the log-mel features and the encoder with a "
                          "surrogate loss (the mean square of its output), forward and backward, no "
                          "clipping or update (asrt-bench train-step --part encoder)")
+    ap.add_argument("--saved-tensors", action="store_true",
+                    help="also count the bytes autograd keeps for backward during each forward (the "
+                         "tensors its saved-tensor hooks see, each storage once, parameters left "
+                         "out): the activations, to set beside asrt's device memory at the loss read")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--profile", default=None, metavar="FILE",
@@ -224,7 +229,8 @@ def main():
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        times, feature_times, losses = [], [], []
+        times, feature_times, losses, saved = [], [], [], []
+        param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         profiler = None
         for step, (waves, labels, total) in enumerate(plan):
             if args.profile and step == 1:
@@ -245,7 +251,18 @@ def main():
             t1 = time.perf_counter()
             features_in = inputs["input_features"].to(device)
             mask_in = inputs["attention_mask"].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            storages = {}
+
+            def pack(t):
+                # Each storage once (views share one); parameters are not activations.
+                st = t.untyped_storage()
+                if st.data_ptr() not in param_storages:
+                    storages[st.data_ptr()] = st.nbytes()
+                return t
+
+            hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if args.saved_tensors \
+                else contextlib.nullcontext()
+            with hooks, torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 if args.part == "encoder":
                     out = model.encoder(input_features=features_in, attention_mask=mask_in)
                     loss = out.last_hidden_state.float().pow(2).mean()
@@ -263,6 +280,7 @@ def main():
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
+            saved.append(sum(storages.values()))
             sync()
             t2 = time.perf_counter()
             times.append(t2 - t0)
@@ -282,12 +300,15 @@ def main():
             "audio_seconds_per_second": statistics.median(a / t for a, t in zip(audio[1:] or audio, steady)),
             "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
             "losses": losses,
+            "saved_mib": [b / 2**20 for b in saved] if args.saved_tensors else None,
             "utterances_per_step": [len(w) for w, _, _ in plan],
         }
         results["runs"][run_name] = run
         print(f"peer_step: {run_name}: median {run['median_step_seconds']:.3f} s/step, "
               f"{run['audio_seconds_per_second']:.1f} audio-s/s, peak {run['peak_memory_mib']} MiB, "
-              f"losses {[round(x, 2) for x in losses]}", file=sys.stderr)
+              f"losses {[round(x, 2) for x in losses]}"
+              + (f", saved for backward {[round(b / 2**20, 1) for b in saved]} MiB" if args.saved_tensors else ""),
+              file=sys.stderr)
         del model, opt, out, loss
         if cuda:
             torch.cuda.empty_cache()
