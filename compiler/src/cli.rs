@@ -25,8 +25,9 @@ pub enum Command {
     /// (nemo-tarred, with --tarred-audio-filepaths), WebDataset/WeNet tar shards (wds: .tar
     /// files, a directory of them or a data.list), a Kaldi data directory (kaldi: wav.scp, text,
     /// segments, utt2lang), Hugging Face datasets parquet with the audio inside (hf: Common
-    /// Voice, FLEURS, ...), Lhotse cuts or recordings + supervisions (lhotse), or the raw shard
-    /// layout (--shards DIR).
+    /// Voice, FLEURS, ...), Lhotse cuts or recordings + supervisions (lhotse), a Lhotse Shar
+    /// directory (lhotse-shar: each cut's audio read from its recording.NNNNNN.tar), or the raw
+    /// shard layout (--shards DIR).
     ///
     /// Rejected rows are data, not failures: each is listed with its reason in
     /// <CORPUS>.report.jsonl and counted in <CORPUS>.report.json, and the exit status is 0
@@ -44,7 +45,8 @@ pub enum Command {
         asrc compile shards/data.list --tokenizer spm.model -o c.asrcorpus\n  \
         asrc compile data/train --format kaldi --tokenizer spm.model -o c.asrcorpus\n  \
         asrc compile cv/train-*.parquet --tokenizer spm.model -o c.asrcorpus\n  \
-        asrc compile cuts_train.jsonl.gz --tokenizer spm.model -o c.asrcorpus\n\n\
+        asrc compile cuts_train.jsonl.gz --tokenizer spm.model -o c.asrcorpus\n  \
+        asrc compile shar/train --tokenizer spm.model -o c.asrcorpus   (a Lhotse Shar directory)\n\n\
         Reasons a row is dropped: null_segment_id, duplicate_row, reused_segment_id,\n  \
         duplicate_audio, filtered_duration, filtered_quality, null_text, empty_text, no_language,\n  \
         no_audio_index, malformed_line, pipe_refused, missing_file, missing_member,\n  \
@@ -226,13 +228,14 @@ pub struct CompileArgs {
     /// tar_member_name, tar_path, source; the audio is member tar_member_name of tar_path when
     /// that archive exists, else dirname(tar_path)/tar_member_name), NeMo manifests, WebDataset
     /// shards or a list of them, a Kaldi data directory, Hugging Face parquet files, Lhotse
-    /// manifests (see --format).
+    /// manifests, Lhotse Shar directories (see --format).
     #[arg(value_name = "INPUT", value_hint = ValueHint::AnyPath, required_unless_present = "shards", conflicts_with = "shards")]
     pub inputs: Vec<PathBuf>,
     /// The input's layout (default: told from the path: .parquet is hf when it has an audio
     /// column of bytes, else seed; .jsonl.gz lhotse; .json/.jsonl nemo (nemo-tarred with
-    /// --tarred-audio-filepaths); .tar/.list or a directory of .tar files wds; a directory with
-    /// wav.scp kaldi).
+    /// --tarred-audio-filepaths); a directory with cuts.*.jsonl.gz and recording.*.tar
+    /// lhotse-shar; .tar/.list or a directory of .tar files wds; a directory with wav.scp
+    /// kaldi).
     #[arg(long, value_enum)]
     pub format: Option<crate::inputs::Format>,
     /// NeMo tarred audio: the archives, in NeMo's pattern (`audio__OP_0..7_CL_.tar` or
@@ -322,8 +325,8 @@ pub struct CompileArgs {
     #[arg(long, default_value_t = 256, hide_short_help = true)]
     pub chunk_rows: usize,
     /// Source name of every row, for inputs other than the seed manifest (which has a source
-    /// column). Default: the shard root's, Kaldi directory's or first archive's name, or each
-    /// NeMo manifest's file stem.
+    /// column). Default: the shard root's, Kaldi or Lhotse Shar directory's or first archive's
+    /// name, or each NeMo manifest's file stem.
     #[arg(long, value_name = "NAME")]
     pub source: Option<String>,
     /// Summary report path (default: <CORPUS>.report.json); the row list goes to the same

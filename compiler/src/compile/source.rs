@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
-use crate::inputs::{hf, kaldi, lhotse, nemo, wds, Format, TarCache};
+use crate::inputs::{hf, kaldi, lhotse, nemo, shar, wds, Format, TarCache};
 use crate::manifest::{ManifestReader, ManifestRow};
 use crate::shards::ShardsReader;
 
@@ -68,6 +68,9 @@ impl Source {
                             allow_pipes: opts.allow_pipes,
                         };
                         lhotse::read(paths, &o)?
+                    }
+                    Format::LhotseShar => {
+                        shar::read(paths, &shar::SharOptions { source: opts.source.clone() }, tars)?
                     }
                     Format::Nemo | Format::NemoTarred => {
                         let o = nemo::NemoOptions {

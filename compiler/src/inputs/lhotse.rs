@@ -33,7 +33,7 @@ pub struct LhotseOptions {
 }
 
 /// The lines of a manifest, gzip or not, with their numbers; blank lines left out.
-fn lines(path: &Path) -> Result<Vec<(usize, String)>, InputError> {
+pub(super) fn lines(path: &Path) -> Result<Vec<(usize, String)>, InputError> {
     let file = std::fs::File::open(path).map_err(InputError::io(path))?;
     let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") {
         Box::new(flate2::read::MultiGzDecoder::new(file))
@@ -83,7 +83,7 @@ fn kind_of(path: &Path, first: Option<&(usize, String)>) -> Result<Kind, InputEr
     }
 }
 
-fn num(o: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
+pub(super) fn num(o: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64()),
@@ -91,7 +91,7 @@ fn num(o: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
     }
 }
 
-fn string(o: &Map<String, Value>, key: &str) -> Option<String> {
+pub(super) fn string(o: &Map<String, Value>, key: &str) -> Option<String> {
     o.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
@@ -152,13 +152,25 @@ fn recording_audio(
 }
 
 /// Text and language of a list of supervisions.
-fn supervised(sups: &[Value]) -> (Option<String>, Option<String>) {
+pub(super) fn supervised(sups: &[Value]) -> (Option<String>, Option<String>) {
     let texts: Vec<&str> =
         sups.iter().filter_map(|s| s.get("text").and_then(Value::as_str)).collect();
     let text = (!texts.is_empty()).then(|| texts.join(" "));
     let lang =
         sups.iter().find_map(|s| s.get("language").and_then(Value::as_str)).map(str::to_owned);
     (text, lang)
+}
+
+/// A cut manifest's line as a `MonoCut` object (a line without `type` is one), or why not.
+pub(super) fn mono_cut(line: &str) -> Result<Map<String, Value>, (Reason, String)> {
+    let bad = |d: String| (Reason::MalformedLine, d);
+    let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let Value::Object(cut) = v else { return Err(bad("not a JSON object".into())) };
+    let kind = string(&cut, "type").unwrap_or_else(|| "MonoCut".into());
+    if kind != "MonoCut" {
+        return Err((Reason::UnsupportedAudio, format!("a {kind}; asrc reads MonoCut")));
+    }
+    Ok(cut)
 }
 
 /// One cut as a row.
@@ -170,12 +182,7 @@ fn cut_row(
     allow_pipes: bool,
 ) -> Result<ManifestRow, (Reason, String)> {
     let bad = |d: String| (Reason::MalformedLine, d);
-    let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let cut = v.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
-    let kind = string(cut, "type").unwrap_or_else(|| "MonoCut".into());
-    if kind != "MonoCut" {
-        return Err((Reason::UnsupportedAudio, format!("a {kind}; asrc reads MonoCut")));
-    }
+    let cut = &mono_cut(line)?;
     let rec = cut
         .get("recording")
         .and_then(Value::as_object)

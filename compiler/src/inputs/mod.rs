@@ -1,5 +1,6 @@
 //! The dataset layouts `asrc compile` reads besides the seed's parquet manifest and raw shards:
-//! NeMo manifests (plain and tarred), WebDataset/WeNet tar shards and Kaldi data directories.
+//! NeMo manifests (plain and tarred), WebDataset/WeNet tar shards, Kaldi data directories,
+//! Hugging Face parquet, Lhotse manifests and Lhotse Shar directories.
 //! Each reader turns its layout into [`ManifestRow`]s, the one row type the compile stages
 //! take, with the audio named by an [`AudioRef`] and, for a cut of a longer recording, a
 //! [`Segment`].
@@ -13,6 +14,7 @@ pub mod hf;
 pub mod kaldi;
 pub mod lhotse;
 pub mod nemo;
+pub mod shar;
 pub mod tar;
 pub mod wds;
 
@@ -134,6 +136,8 @@ pub enum Format {
     Hf,
     /// Lhotse manifests: a cut set, or recordings with supervisions (`.jsonl` or `.jsonl.gz`).
     Lhotse,
+    /// Lhotse Shar directories: `cuts.NNNNNN.jsonl.gz` with `recording.NNNNNN.tar` per shard.
+    LhotseShar,
 }
 
 impl Format {
@@ -147,6 +151,7 @@ impl Format {
             Format::Kaldi => "kaldi",
             Format::Hf => "hf",
             Format::Lhotse => "lhotse",
+            Format::LhotseShar => "lhotse-shar",
         }
     }
 
@@ -158,6 +163,10 @@ impl Format {
         if first.is_dir() {
             if first.join("wav.scp").is_file() {
                 return Ok(Format::Kaldi);
+            }
+            // Before WebDataset: a Shar directory holds tar archives too.
+            if shar::is_shar(first) {
+                return Ok(Format::LhotseShar);
             }
             if wds::tars_in(first).is_ok_and(|t| !t.is_empty()) {
                 return Ok(Format::Wds);
@@ -189,7 +198,8 @@ pub enum InputError {
          (JSON-lines manifests), nemo-tarred (with --tarred-audio-filepaths), wds (WebDataset \
          tar shards, a directory of them or a data.list), kaldi (a data directory with wav.scp), \
          hf (Hugging Face datasets parquet), lhotse (cuts, or recordings and supervisions, \
-         .jsonl.gz), or --shards DIR for the raw shard layout"
+         .jsonl.gz), lhotse-shar (a Lhotse Shar directory: cuts.NNNNNN.jsonl.gz with \
+         recording.NNNNNN.tar), or --shards DIR for the raw shard layout"
     )]
     UnknownFormat {
         /// The first input path.

@@ -76,6 +76,8 @@ fn every_layout_compiles_the_same_utterances() {
         ("hf common voice", vec![arg(&d.join("hf/cv_style.parquet"))], vec![]),
         ("hf fleurs", vec![arg(&d.join("hf/fleurs_style.parquet"))], vec![]),
         ("lhotse cuts", vec![arg(&d.join("lhotse/cuts.jsonl.gz"))], vec![]),
+        ("lhotse shar", vec![arg(&d.join("lhotse_shar"))], vec![]),
+        ("lhotse shar, named", vec![arg(&d.join("lhotse_shar"))], vec!["--format", "lhotse-shar"]),
         (
             "lhotse recordings and supervisions",
             vec![
@@ -320,4 +322,79 @@ fn lhotse_cuts_it_cannot_read_are_named_rejects() {
             "malformed_line"
         ]
     );
+}
+
+/// Appends member `name` with `data` to the tar being built.
+fn tar_member(tar: &mut tar::Builder<std::fs::File>, name: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append_data(&mut h, name, data).unwrap();
+}
+
+#[test]
+fn lhotse_shar_cuts_it_cannot_read_are_named_rejects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shar = tmp.path().join("shar");
+    std::fs::create_dir(&shar).unwrap();
+    let flac = |u: &str| std::fs::read(data().join(format!("nemo/audio/{u}.flac"))).unwrap();
+    // Shard 0: utt1's audio, the writer's placeholder for a cut without audio, and audio that
+    // no cut names. Shard 1 lost its archive.
+    let mut tar =
+        tar::Builder::new(std::fs::File::create(shar.join("recording.000000.tar")).unwrap());
+    for (name, bytes) in [
+        ("utt1.flac", flac("utt1")),
+        ("utt1.json", b"{}".to_vec()),
+        ("gone.nodata", vec![]),
+        ("gone.nometa", vec![]),
+        ("orphan.flac", flac("utt2")),
+        ("orphan.json", b"{}".to_vec()),
+    ] {
+        tar_member(&mut tar, name, &bytes);
+    }
+    tar.finish().unwrap();
+    let cut = |id: &str, text: &str| {
+        format!(
+            r#"{{"id": "{id}", "start": 0, "duration": 0.5625, "channel": 0, "supervisions": [{{"id": "{id}", "recording_id": "{id}", "start": 0.0, "duration": 0.5625, "text": "{text}", "language": "en"}}], "recording": {{"id": "{id}", "sources": [{{"type": "shar", "channels": [0], "source": ""}}], "sampling_rate": 16000, "num_samples": 9000, "duration": 0.5625, "channel_ids": [0]}}, "type": "MonoCut"}}"#
+        )
+    };
+    write(
+        &shar,
+        "cuts.000000.jsonl",
+        &[
+            cut("utt1", "hello world"),
+            cut("gone", "hello"),
+            cut("absent", "hello"),
+            r#"{"id": "m", "type": "MixedCut", "tracks": []}"#.to_owned(),
+            "{\"id\": ".to_owned(),
+        ]
+        .join("\n"),
+    );
+    write(&shar, "cuts.000001.jsonl", &cut("far", "hello"));
+    let (c, entries) = compile(tmp.path(), &[arg(&shar)], &[]);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c.text(0).unwrap().1, "hello world");
+    let dropped: Vec<(&str, &str)> = entries
+        .iter()
+        .filter(|l| l["kind"] == "dropped")
+        .map(|l| (l["reason"].as_str().unwrap(), l["detail"].as_str().unwrap()))
+        .collect();
+    let reasons: Vec<&str> = dropped.iter().map(|d| d.0).collect();
+    assert_eq!(
+        reasons,
+        [
+            "missing_member",
+            "missing_member",
+            "unsupported_audio",
+            "malformed_line",
+            "malformed_line",
+            "missing_file"
+        ],
+        "{dropped:?}"
+    );
+    assert!(dropped[0].1.contains(".nodata placeholder") && dropped[0].1.contains("\"gone\""));
+    assert!(dropped[1].1.contains("no member for cut \"absent\""), "{}", dropped[1].1);
+    assert!(dropped[4].1.contains("\"orphan.flac\" belongs to no cut"), "{}", dropped[4].1);
+    assert!(dropped[5].1.contains("recording.000001.tar is missing"), "{}", dropped[5].1);
 }
