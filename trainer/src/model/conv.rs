@@ -134,15 +134,17 @@ impl<B: Backend> Conv3x3S2<B> {
     /// is the encoder's largest tensor (`[B, T/2, F/2, 256]` at the 0.6B shape), and its ReLU,
     /// mask and their backward as separate operations were a third of the calling thread's
     /// samples in an encoder step (bench/RESULTS.md, "The encoder alone against PyTorch's").
+    /// Elsewhere the mask comes first and [`relu`] keeps its output, which the next stage keeps
+    /// as its input anyway: one tensor of the stage's size kept for backward, not two.
     pub fn forward_relu_rows(&self, x: Tensor<B, 4>, rows: &[usize]) -> Tensor<B, 4> {
         let geometry = Geometry { kernel: [3, 3], stride: [2, 2], padding: [1, 1] };
         let (w, b) = (self.weight.val(), self.bias.val());
         if let Some(out) = host_depthwise::on_host(&x, &w, &b, geometry, Some(rows)) {
             return out;
         }
-        let y = burn::tensor::activation::relu(self.forward(x));
+        let y = self.forward(x);
         let (t, device) = (y.dims()[1], y.device());
-        y * super::mask::keep::<B>(rows, t, &device).reshape([rows.len(), t, 1, 1])
+        relu(y * super::mask::keep::<B>(rows, t, &device).reshape([rows.len(), t, 1, 1]))
     }
 
     /// The depthwise form as a sum over the taps of shifted views (every backend; the CPU
@@ -185,6 +187,17 @@ impl<B: Backend> Conv3x3S2<B> {
             .unwrap_or_else(|| cols.matmul(weight) + bias.reshape([1, c]));
         out.reshape([b, h, w, c])
     }
+}
+
+/// `max(x, 0)`: on the CubeCL types one operation that keeps its output for the backward
+/// (`device_gates`); Burn's, which keeps its input, elsewhere. Masking a tensor of ones and
+/// zeros before it or after it gives the same values (a masked element is `+0` or `-0`).
+pub(crate) fn relu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) = super::device_gates::on_device(super::device_gates::Gate::Relu, &x) {
+        return y;
+    }
+    burn::tensor::activation::relu(x)
 }
 
 /// Depthwise 1-D convolution with odd kernel `K`, stride 1, `same` padding, on `[B, T, C]`.

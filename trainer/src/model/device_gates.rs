@@ -1,5 +1,6 @@
-//! Swish (`x * sigmoid(x)`) and the gated linear unit (`a * sigmoid(b)` over the two halves of
-//! the last axis) as one operation each on the CubeCL backends (wgpu, CUDA; fused or not).
+//! Swish (`x * sigmoid(x)`), the gated linear unit (`a * sigmoid(b)` over the two halves of
+//! the last axis) and the ReLU as one operation each on the CubeCL backends (wgpu, CUDA; fused or
+//! not).
 //!
 //! As Burn operations Swish is two operations forward and about six backward (the sigmoid's
 //! backward, the product's two sides, the sum of the input's two gradients), the GLU two views
@@ -8,6 +9,12 @@
 //! step is bound by the host's cost per operation (bench/RESULTS.md). Here each is one kernel
 //! forward and one backward, which recomputes the sigmoid from the kept input.
 //!
+//! The ReLU is here for what it keeps, not for its launches: Burn's keeps its input, and the
+//! subsampling's stages (a convolution, its time mask, a ReLU, the next convolution, which keeps
+//! its own input) then kept two tensors of each stage's size. This one keeps its output, which
+//! is the next convolution's input: one tensor a stage (bench/RESULTS.md, "Activations against
+//! PyTorch's").
+//!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors; `None` elsewhere, and the caller runs Burn's `silu` and
 //! `glu`. Under fusion the operations resolve their input and register their outputs back, as
@@ -15,7 +22,8 @@
 //!
 //! Invariants: `sigmoid(x) = 1 / (1 + exp(-x))`; the GLU's first half is the value, the second
 //! the gate (Burn's and PyTorch's order), over the last axis; the backward keeps the input
-//! (shared, not copied).
+//! (shared, not copied), the ReLU's its output; the ReLU's gradient is the output's where the
+//! output is above zero, else zero (Burn's, which tests the input, gives the same).
 
 use burn::backend::Autodiff;
 use burn::prelude::*;
@@ -83,22 +91,56 @@ pub fn glu_backward(x: &Array<f32>, dy: &Array<f32>, dx: &mut Array<f32>, half: 
     }
 }
 
-/// Which of the two operations.
+/// One unit per element: `y = max(x, 0)`.
+#[cube(launch)]
+pub fn relu_forward(x: &Array<f32>, y: &mut Array<f32>, units: u32) {
+    let pos = unit_index();
+    if pos < units {
+        let v = x[pos as usize];
+        let mut out = 0.0f32;
+        if v > 0.0 {
+            out = v;
+        }
+        y[pos as usize] = out;
+    }
+}
+
+/// One unit per element, from the output `y`: `dx = dy` where `y > 0`, else 0.
+#[cube(launch)]
+pub fn relu_backward(y: &Array<f32>, dy: &Array<f32>, dx: &mut Array<f32>, units: u32) {
+    let pos = unit_index();
+    if pos < units {
+        let mut g = 0.0f32;
+        if y[pos as usize] > 0.0 {
+            g = dy[pos as usize];
+        }
+        dx[pos as usize] = g;
+    }
+}
+
+/// Which of the operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {
     /// `x * sigmoid(x)`.
     Swish,
     /// `a * sigmoid(b)` over the halves of the last axis.
     Glu,
+    /// `max(x, 0)`, keeping its output for the backward.
+    Relu,
 }
 
-/// The two operations (see the module): the backends that have them.
+/// The operations (see the module): the backends that have them.
 pub trait DeviceGates: Backend {
     /// `gate` of `x` (for the GLU, the last axis of even length).
     fn gate_forward(gate: Gate, x: FloatTensor<Self>) -> FloatTensor<Self>;
 
-    /// The gradient of `x` from the output's gradient `dy`.
-    fn gate_backward(gate: Gate, x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// The input's gradient from the output's gradient `dy` and `kept`, what the forward kept:
+    /// the input, or the output for the ReLU.
+    fn gate_backward(
+        gate: Gate,
+        kept: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
 }
 
 impl<R, F, I, BT> DeviceGates for CubeBackend<R, F, I, BT>
@@ -116,11 +158,16 @@ where
         // Each unit reads and writes within its element (and, for the GLU, its row's other
         // half); the checked launch bounds every access anyway.
         match gate {
-            Gate::Swish => {
+            Gate::Swish | Gate::Relu => {
                 let units = dims.iter().product::<usize>();
                 let y = empty::<R>(&client, &x.device, dims);
                 let (xa, ya) = (x.clone().into_array_arg(), y.clone().into_array_arg());
-                swish_forward::launch::<R>(&client, grid(units), cube, xa, ya, units as u32);
+                let (g, n) = (grid(units), units as u32);
+                if gate == Gate::Swish {
+                    swish_forward::launch::<R>(&client, g, cube, xa, ya, n);
+                } else {
+                    relu_forward::launch::<R>(&client, g, cube, xa, ya, n);
+                }
                 y
             }
             Gate::Glu => {
@@ -139,6 +186,7 @@ where
     }
 
     fn gate_backward(gate: Gate, x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        // `x` is the kept tensor: the input, or the ReLU's output (of the input's shape).
         let dims = x.shape().to_vec();
         let (x, dy) = (contiguous(x), contiguous(dy));
         let client = x.client.clone();
@@ -150,6 +198,9 @@ where
         match gate {
             Gate::Swish => {
                 swish_backward::launch::<R>(&client, grid(units), cube, xa, dya, dxa, units as u32)
+            }
+            Gate::Relu => {
+                relu_backward::launch::<R>(&client, grid(units), cube, xa, dya, dxa, units as u32)
             }
             Gate::Glu => {
                 // One unit per output element writes both of its input's halves.
@@ -181,17 +232,22 @@ where
     }
 }
 
-/// A gate as a [`DeviceOp`] of its input, which it keeps (shared, not copied).
+/// A gate as a [`DeviceOp`] of its input, which it keeps (the ReLU its output; shared, not
+/// copied).
 impl<B: DeviceGates> DeviceBackward<B, 1> for Gate {
     type Saved = FloatTensor<B>;
 
-    fn backward(&self, x: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
-        [B::gate_backward(*self, x, dy)]
+    fn backward(&self, kept: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
+        [B::gate_backward(*self, kept, dy)]
     }
 }
 
 impl<B: DeviceGates> DeviceOp<B, 1> for Gate {
     fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
+        if *self == Gate::Relu {
+            let y = B::gate_forward(*self, x);
+            return (y.clone(), y);
+        }
         (B::gate_forward(*self, x.clone()), x)
     }
 }
@@ -230,7 +286,7 @@ pub fn on_device<B: Backend, const D: usize>(gate: Gate, x: &Tensor<B, D>) -> Op
 mod tests {
     use super::*;
     use crate::model::device_op::relative_difference as difference;
-    use burn::tensor::activation::{glu, silu};
+    use burn::tensor::activation::{glu, relu, silu};
     use burn::tensor::Distribution;
 
     /// The operation against Burn's (`silu`, `glu` over the last axis) on the same backend, over
@@ -241,7 +297,7 @@ mod tests {
         B::seed(&device, 3);
         let x = Tensor::<B, 3>::random([3, 29, 66], Distribution::Normal(0.0, 6.0), &device);
         let out_dims = match gate {
-            Gate::Swish => [3, 29, 66],
+            Gate::Swish | Gate::Relu => [3, 29, 66],
             Gate::Glu => [3, 29, 33],
         };
         let weights = Tensor::<B, 3>::random(out_dims, Distribution::Normal(0.0, 1.0), &device);
@@ -252,6 +308,7 @@ mod tests {
                 (true, _) => tracked::<B, 3>(gate, xa.clone()),
                 (false, Gate::Swish) => silu(xa.clone()),
                 (false, Gate::Glu) => glu(xa.clone(), 2),
+                (false, Gate::Relu) => relu(xa.clone()),
             };
             let grads = (out.clone() * Tensor::from_inner(weights.clone())).sum().backward();
             (out.inner(), xa.grad(&grads).unwrap())
@@ -266,8 +323,14 @@ mod tests {
     }
 
     #[test]
-    fn match_burn_s_silu_and_glu_and_their_gradients_on_wgpu_with_and_without_fusion() {
+    fn match_burn_s_silu_glu_and_relu_and_their_gradients_on_wgpu_with_and_without_fusion() {
         type Fused = Fusion<burn::backend::Wgpu>;
+        // The ReLU only moves values: the same bits as Burn's, output and gradient.
+        for relu_case in
+            [against_burn::<burn::backend::Wgpu>(Gate::Relu), against_burn::<Fused>(Gate::Relu)]
+        {
+            assert_eq!(relu_case, [0.0, 0.0]);
+        }
         let cases = [
             ("wgpu swish", against_burn::<burn::backend::Wgpu>(Gate::Swish)),
             ("wgpu glu", against_burn::<burn::backend::Wgpu>(Gate::Glu)),

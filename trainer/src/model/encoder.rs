@@ -4,10 +4,10 @@
 
 use burn::nn::{BatchNorm, BatchNormConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{glu, relu, silu, softmax};
+use burn::tensor::activation::{glu, silu, softmax};
 
 use super::config::EncoderConfig;
-use super::conv::{Conv3x3S2, DepthwiseConv1d};
+use super::conv::{relu, Conv3x3S2, DepthwiseConv1d};
 use super::dropout::Dropout;
 use super::host_reshape::Reshaped;
 use super::precision::Precision;
@@ -98,7 +98,9 @@ impl<B: Backend> Subsampling<B> {
             let y = dw.forward(x);
             let [b, t, f, c] = y.dims();
             let y = p.linear(pw, y.reshaped([b * t * f, c])).reshaped([b, t, f, c]);
-            x = stage(relu(y), &mut lens);
+            // Masked, then the ReLU that keeps its output (`conv::relu`): the next stage's
+            // input, kept once.
+            x = relu(stage(y, &mut lens));
         }
         let [b, t, f, c] = x.dims();
         p.linear(&self.out, x.swap_dims(2, 3).reshape([b, t, c * f]))
