@@ -31,13 +31,18 @@ pub struct SharOptions {
     pub source: Option<String>,
 }
 
-/// One shard: its cut manifest and, where it exists, its recording archive.
+/// One shard: its cut manifest and its recording archive's path (which may be missing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shard {
     /// `cuts{suffix}.jsonl.gz` (or `.jsonl`).
     pub cuts: PathBuf,
-    /// `recording{suffix}.tar`, when the directory has it.
-    pub recording: Option<PathBuf>,
+    /// `recording{suffix}.tar` beside it.
+    pub recording: PathBuf,
+}
+
+/// The recording archive of the shard whose cut manifest has `suffix`, in `dir`.
+fn recording_path(dir: &Path, suffix: &str) -> PathBuf {
+    dir.join(format!("recording{suffix}.tar"))
 }
 
 /// The shard suffix of a cut manifest's file name (`.000003` in `cuts.000003.jsonl.gz`, the
@@ -81,12 +86,9 @@ pub fn shards(dir: &Path) -> Result<Vec<Shard>, InputError> {
     found.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
     let shards: Vec<Shard> = found
         .into_iter()
-        .map(|(suffix, cuts)| {
-            let recording = dir.join(format!("recording{suffix}.tar"));
-            Shard { cuts, recording: recording.is_file().then_some(recording) }
-        })
+        .map(|(suffix, cuts)| Shard { cuts, recording: recording_path(dir, &suffix) })
         .collect();
-    if shards.iter().all(|s| s.recording.is_none()) {
+    if shards.iter().all(|s| !s.recording.is_file()) {
         return Err(InputError::Invalid {
             path: dir.to_path_buf(),
             message: "no recording archive (recording.NNNNNN.tar beside cuts.NNNNNN.jsonl.gz): \
@@ -165,19 +167,21 @@ fn read_shard(
 ) -> Result<(), InputError> {
     let lines = lines(&shard.cuts)?;
     // The archive's members by id, or why the shard has none.
-    let members: Result<Vec<(String, Held)>, (Reason, String)> = match &shard.recording {
-        None => Err((
+    let tar = &shard.recording;
+    let members: Result<Vec<(String, Held)>, (Reason, String)> = if !tar.is_file() {
+        let name = tar.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        Err((
             Reason::MissingFile,
             format!(
-                "{} has no recording archive beside it ({} is missing)",
-                shard.cuts.display(),
-                recording_name(&shard.cuts)
+                "{} has no recording archive beside it ({name} is missing)",
+                shard.cuts.display()
             ),
-        )),
-        Some(tar) => match tars.index(tar).as_ref() {
+        ))
+    } else {
+        match tars.index(tar).as_ref() {
             Ok(index) => Ok(held(&index.members)),
             Err(e) => Err((Reason::MissingFile, e.to_string())),
-        },
+        }
     };
     let mut by_id: HashMap<&str, usize> = HashMap::new();
     if let Ok(m) = &members {
@@ -200,7 +204,7 @@ fn read_shard(
         let r = r.unwrap_or_else(|(reason, detail)| malformed(row, origin.clone(), reason, detail));
         rows.push(ManifestRow { origin: Some(origin), ..r });
     }
-    if let (Ok(m), Some(tar)) = (&members, &shard.recording) {
+    if let Ok(m) = &members {
         for ((key, h), _) in m.iter().zip(&used).filter(|(_, u)| !**u) {
             if let Held::Audio(name, _) = h {
                 let row = rows.len() as u64;
@@ -221,12 +225,6 @@ fn read_shard(
     Ok(())
 }
 
-/// The recording archive's file name for a cut manifest's.
-fn recording_name(cuts: &Path) -> String {
-    let name = cuts.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("recording{}.tar", cuts_suffix(&name).unwrap_or(""))
-}
-
 /// One cut as a row, its audio found by `find` (the archive's entry for an id).
 fn cut_row(
     line: &str,
@@ -239,7 +237,7 @@ fn cut_row(
     let cut = &mono_cut(line)?;
     let id = string(cut, "id").ok_or_else(|| bad("the cut has no `id`".into()))?;
     let duration = num(cut, "duration").map_err(bad)?;
-    let tar = shard.recording.clone().unwrap_or_default();
+    let tar = shard.recording.clone();
     let audio = match find(&id) {
         Some(Held::Audio(member, span)) => AudioRef::Member { tar, member, span: Some(span) },
         Some(Held::Nothing) => {
@@ -287,8 +285,11 @@ mod tests {
         // A cut id may hold dots: the member's key ends at its last one.
         assert_eq!(split_last("utt1.seg2.flac"), ("utt1.seg2", "flac"));
         assert_eq!(split_last("a.b/utt1.nodata"), ("a.b/utt1", "nodata"));
-        assert_eq!(recording_name(Path::new("/x/cuts.000002.jsonl.gz")), "recording.000002.tar");
-        assert_eq!(recording_name(Path::new("cuts.jsonl.gz")), "recording.tar");
+        assert_eq!(
+            recording_path(Path::new("/x"), ".000002"),
+            Path::new("/x/recording.000002.tar")
+        );
+        assert_eq!(recording_path(Path::new(""), ""), Path::new("recording.tar"));
     }
 
     #[test]
@@ -302,7 +303,7 @@ mod tests {
             .unwrap()
             .into_iter()
             .map(|s| {
-                (s.cuts.file_name().unwrap().to_string_lossy().into_owned(), s.recording.is_some())
+                (s.cuts.file_name().unwrap().to_string_lossy().into_owned(), s.recording.is_file())
             })
             .collect();
         assert_eq!(

@@ -89,49 +89,44 @@ impl MemoryWatch {
     }
 }
 
+/// `$read` of the CubeCL client of `$device` (named `$client` in it), returned from the calling
+/// function, where the device is a wgpu or CUDA device; the caller goes on otherwise. The one
+/// place the two runtimes' devices are told apart: their clients are different types.
+macro_rules! return_from_client {
+    ($device:expr, |$client:ident| $read:expr) => {
+        let device = $device as &dyn std::any::Any;
+        #[cfg(feature = "wgpu")]
+        if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
+            use burn_cubecl::cubecl::Runtime;
+            let $client = burn::backend::wgpu::WgpuRuntime::client(d);
+            return $read;
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
+            use burn_cubecl::cubecl::Runtime;
+            let $client = burn_cubecl::cubecl::cuda::CudaRuntime::client(d);
+            return $read;
+        }
+        let _ = device;
+    };
+}
+
 /// Bytes in use by live buffers and reserved from the device by `device`'s CubeCL memory pool
 /// (this thread's stream), where it is a CubeCL device (wgpu, CUDA); `None` for the other
 /// backends' devices, or where the device reports a failure instead.
-#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
 pub fn pool_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
-    let device = device as &dyn std::any::Any;
-    #[cfg(feature = "wgpu")]
-    if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
-        use burn::backend::wgpu::WgpuRuntime;
-        use burn_cubecl::cubecl::Runtime;
-        return WgpuRuntime::client(d)
-            .memory_usage()
-            .ok()
-            .map(|u| (u.bytes_in_use, u.bytes_reserved));
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        use burn_cubecl::cubecl::{cuda::CudaRuntime, Runtime};
-        return CudaRuntime::client(d)
-            .memory_usage()
-            .ok()
-            .map(|u| (u.bytes_in_use, u.bytes_reserved));
-    }
+    return_from_client!(device, |client| client
+        .memory_usage()
+        .ok()
+        .map(|u| (u.bytes_in_use, u.bytes_reserved)));
     None
 }
 
 /// The largest buffer `device` allocates, in bytes, where it is a CubeCL device (wgpu, CUDA):
 /// its pool's largest page, on wgpu the device's largest storage binding (128 MiB on lavapipe).
 /// `None` for the other backends' devices, which have no such limit.
-#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
 pub fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
-    let device = device as &dyn std::any::Any;
-    #[cfg(feature = "wgpu")]
-    if let Some(d) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
-        use burn::backend::wgpu::WgpuRuntime;
-        use burn_cubecl::cubecl::Runtime;
-        return Some(WgpuRuntime::client(d).properties().memory.max_page_size);
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(d) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        use burn_cubecl::cubecl::{cuda::CudaRuntime, Runtime};
-        return Some(CudaRuntime::client(d).properties().memory.max_page_size);
-    }
+    return_from_client!(device, |client| Some(client.properties().memory.max_page_size));
     None
 }
 
