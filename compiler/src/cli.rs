@@ -17,7 +17,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Compile a dataset into one corpus file: clean transcripts, fix language labels, drop
-    /// duplicates and broken audio, decode (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus), cut segments,
+    /// duplicates and broken audio, decode (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, AAC), cut segments,
     /// downmix, resample to 16 kHz, tokenize, write.
     ///
     /// Inputs (--format, told from the path when left out): the seed's parquet manifest (seed),
@@ -83,7 +83,7 @@ pub enum Command {
         asrc retokenize corpus.asrcorpus --tokenizer new.model -o corpus-new.asrcorpus\n  \
         asrc retokenize corpus.asrcorpus --tokenizer nemo.model --lang-prefix never -o c2.asrcorpus")]
     Retokenize(RetokenizeArgs),
-    /// Decode audio files (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus) as `asrc compile` does and say
+    /// Decode audio files (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, AAC) as `asrc compile` does and say
     /// what it would do with each: the codec, the stream's format and length, and the reject
     /// reason if it would drop the file; with --md5,
     /// the MD5 of the decoded samples (before any downmix or resampling: what STREAMINFO's MD5
@@ -140,7 +140,8 @@ pub struct DumpArgs {
 /// Arguments of `asrc probe`.
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
-    /// Audio files: FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus (the codec is told by the bytes).
+    /// Audio files: FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, AAC in MP4/M4A or ADTS (the codec is
+    /// told by the bytes).
     #[arg(value_name = "FILE", required = true, value_hint = ValueHint::FilePath)]
     pub files: Vec<PathBuf>,
     /// Also print the MD5 of the decoded samples.

@@ -48,7 +48,7 @@ pub use lang::{
 // The training-ready manifest, read in chunks of rows.
 pub use manifest::{ManifestError, ManifestReader, ManifestRow};
 
-// Audio decoding (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus) and downmix, segments, conversion to
+// Audio decoding (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, AAC) and downmix, segments, conversion to
 // 16-bit.
 pub use audio::decode::{
     codec_of, decode, decode_file, decode_file_with, decode_pcm, decode_pcm_with, decode_stream,

@@ -232,12 +232,13 @@ def rel_diff(got, want):
 
 
 def check_grad_norms(rc, log, work):
-    """cg: each step's gradient norm, fused and unfused, against the CPU reference's, the
-    parameters whose norms differ most from the CPU run's, and the fused run again with poisoned
-    buffers (the same bits, or a kernel reads what no kernel wrote)."""
+    """cg: each step's gradient norm, fused, unfused and with the unit matmul kernel, against the
+    CPU reference's, the parameters whose norms differ most from the CPU run's, and the fused run
+    again with poisoned buffers (the same bits, or a kernel reads what no kernel wrote)."""
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
-    runs = {k: metrics(os.path.join(work, f"cg-{k}", "metrics.jsonl")) for k in ("fused", "unfused")}
+    runs = {k: metrics(os.path.join(work, f"cg-{k}", "metrics.jsonl"))
+            for k in ("fused", "unfused", "unit")}
     figures = {k: {"losses": [m["loss"] for m in ms], "grad_norms": [m["grad_norm"] for m in ms]}
                for k, ms in runs.items()}
     cpu = norms_by_step(os.path.join(work, "cg-cpu.jsonl"))
@@ -485,7 +486,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:

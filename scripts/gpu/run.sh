@@ -30,7 +30,8 @@
 #   b    the same logits through transformers' pure-PyTorch TDT loss (bench/tdt_peer.py)
 #   c    `tiny` on the example corpus, 40 steps on the device, losses against the CPU reference,
 #        then eval; again with the kernel cache warm
-#   cg   c's first 3 steps from the same weights on the CPU, fused and with --fusion off, every
+#   cg   c's first 3 steps from the same weights on the CPU, fused, with --fusion off and with
+#        --matmul simple-unit, every
 #        parameter's gradient norm written (ASRT_GRAD_NORMS): each step's global norm against
 #        the CPU run's (bound: 1e-2 relative at step 1), the parameters that differ most; each
 #        global norm against its parameters' norms (5e-7); the fused run with poisoned buffers
@@ -285,6 +286,13 @@ step_cg() {
     --config "$cfg" --out "$work/cg-fused" --device "$dev" --max-steps 3 --init "$init" || return $?
   ASRT_GRAD_NORMS="$work/cg-unfused.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
     --out "$work/cg-unfused" --device "$dev" --max-steps 3 --fusion off --init "$init" || return $?
+  # The fused run with every linear layer's product and its gradients by cubek's plain unit
+  # kernel (no tensor cores, no TF32, not autotuned) in place of Burn's autotuned product: on
+  # lavapipe the same kernel as Burn's, so the same bits; on CUDA, where this run alone agrees
+  # with the CPU's, the products are the cause.
+  ASRT_GRAD_NORMS="$work/cg-unit.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
+    --out "$work/cg-unit" --device "$dev" --max-steps 3 --matmul simple-unit --init "$init" \
+    || return $?
   # The fused run again with the trainer's kernels' new buffers filled with NaN
   # (device_op::poisoned; the fused run above is without): the
   # same bits as the fused run unless a kernel reads an element no kernel wrote, which then

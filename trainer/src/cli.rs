@@ -102,8 +102,8 @@ pub enum Command {
   \
         asrt export runs/ft/checkpoints/step-00002000 -o ft-2000.nemo --tokenizer train.asrcorpus")]
     Export(ExportArgs),
-    /// Transcribe audio with a model: audio files (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, told
-    /// by their bytes), directories of them, NeMo manifests or corpora.
+    /// Transcribe audio with a model: audio files (FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus, AAC,
+    /// told by their bytes), directories of them, NeMo manifests or corpora.
     ///
     /// Writes NeMo-style JSON lines (default): the input's fields (a manifest line's, or
     /// audio_filepath and duration), pred_text, the token ids, and token, word and segment

@@ -7,13 +7,15 @@
 //! | FLAC | libFLAC by default ([`Decoder::Libflac`]), symphonia on request | `libflac`, `symphonia_flac` |
 //! | WAV (PCM 8-32 bit, float, A-law, µ-law, extensible) | ours | `wav` |
 //! | MP3, Ogg Vorbis | symphonia | `lossy` |
+//! | AAC-LC in MP4/M4A or ADTS | symphonia, MP4's edit list applied here | `lossy`, `mp4` |
 //! | Ogg Opus | libopus | `opus` (pages by `ogg`) |
 //!
 //! A FLAC stream is only kept when nothing is known to be wrong with it: the samples match the
 //! MD5 that STREAMINFO records (when the encoder recorded one), every frame has STREAMINFO's
 //! format, no frame was damaged, and the stream holds the samples its header announces. The
 //! other codecs are held to what they can check: WAV's chunk sizes, Ogg's page CRCs and
-//! end-of-stream flag, Opus's granule positions, any packet that fails to decode.
+//! end-of-stream flag, Opus's granule positions, MP4's edit list against the samples decoded,
+//! any packet that fails to decode.
 //!
 //! A file that is not usable is a [`Reject`], not an error: the compiler counts it, reports it
 //! with its reason and detail, and goes on. Damage is a reject too (the file is dropped, not
@@ -114,17 +116,20 @@ fn sniff(bytes: &[u8]) -> &'static str {
             "ogg"
         }
     } else if at(0, b"ID3") {
-        // FLAC with a leading ID3v2 tag exists in the wild: look behind the tag.
+        // FLAC and ADTS with a leading ID3v2 tag exist in the wild: look behind the tag.
         let size = bytes
             .get(6..10)
             .map_or(0, |s| s.iter().fold(0usize, |acc, &b| (acc << 7) | usize::from(b & 0x7f)));
-        if bytes.get(10 + size..14 + size) == Some(b"fLaC") {
-            "flac"
-        } else {
-            "mp3"
+        match bytes.get(10 + size..14 + size) {
+            Some(b"fLaC") => "flac",
+            Some([0xFF, b, ..]) if b & 0xF6 == 0xF0 => "adts",
+            _ => "mp3",
         }
     } else if at(4, b"ftyp") {
         "mp4"
+    } else if bytes.len() >= 2 && bytes[0] == 0xFF && bytes[1] & 0xF6 == 0xF0 {
+        // ADTS: a 12-bit sync word and the layer bits 00, which MPEG audio reserves.
+        "adts"
     } else if bytes.len() >= 2 && bytes[0] == 0xFF && bytes[1] & 0xE0 == 0xE0 {
         "mp3"
     } else {
@@ -173,18 +178,18 @@ pub fn codec_of(bytes: &[u8]) -> Result<Codec, Reject> {
         "mp3" => Codec::Mp3,
         "vorbis" => Codec::Vorbis,
         "opus" => Codec::Opus,
+        "mp4" | "adts" => Codec::Aac,
         other => {
             let head: String =
                 bytes.iter().take(4).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
             let what = match other {
                 "ogg-flac" => "Ogg FLAC (FLAC in Ogg pages)".to_owned(),
                 "ogg" => "an Ogg stream of an unknown codec".to_owned(),
-                "mp4" => "MP4/M4A (AAC)".to_owned(),
                 _ if bytes.is_empty() => "an empty file".to_owned(),
                 _ => format!("unknown bytes (first bytes {head})"),
             };
             return Err(Reject::UnsupportedCodec(format!(
-                "{what}; asrc decodes FLAC, WAV, MP3, Ogg Vorbis and Ogg Opus"
+                "{what}; asrc decodes FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus and AAC"
             )));
         }
     })
@@ -203,7 +208,7 @@ pub fn decode_stream(bytes: Vec<u8>, opts: &DecodeOptions) -> Result<Stream, Rej
             let (rate, channels, bits, samples) = (w.rate, w.channels, w.bits, w.samples);
             Stream { codec, rate, channels, bits, samples, md5_checked: false }
         }
-        Codec::Mp3 | Codec::Vorbis => {
+        Codec::Mp3 | Codec::Vorbis | Codec::Aac => {
             let l = lossy::decode(bytes, codec, opts.max_seconds)?;
             let (rate, channels, samples) = (l.rate, l.channels, l.samples);
             Stream { codec, rate, channels, bits: None, samples, md5_checked: false }

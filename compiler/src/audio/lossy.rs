@@ -1,6 +1,6 @@
-//! MP3 and Ogg Vorbis through symphonia (pure Rust), decoded to float, with the encoder's delay
-//! and padding removed where the stream records them (LAME's Xing/Info tag; Vorbis's granule
-//! positions), as ffmpeg does.
+//! MP3, Ogg Vorbis and AAC (in MP4/M4A or ADTS) through symphonia (pure Rust), decoded to float,
+//! with the encoder's delay and padding removed where the stream records them (LAME's Xing/Info
+//! tag; Vorbis's granule positions; MP4's edit list, applied here by `mp4`).
 //!
 //! A packet that fails to decode rejects the file (`corrupt_audio`): players conceal a damaged
 //! frame with silence, a training corpus should not.
@@ -14,24 +14,31 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
+use super::mp4;
 use super::pcm::{Codec, Reject, StreamSamples};
 
-/// A decoded MP3 or Vorbis stream.
+/// A decoded MP3, Vorbis or AAC stream.
 pub(crate) struct Lossy {
     pub(crate) rate: u32,
     pub(crate) channels: u32,
     pub(crate) samples: StreamSamples,
 }
 
-/// Decodes `bytes` as `codec` (MP3 or Vorbis); `max_seconds` bounds the audio taken.
+/// Decodes `bytes` as `codec` (MP3, Vorbis or AAC); `max_seconds` bounds the audio taken.
 pub(crate) fn decode(bytes: Vec<u8>, codec: Codec, max_seconds: u64) -> Result<Lossy, Reject> {
-    let name = match codec {
-        Codec::Mp3 => "MP3",
-        _ => "Ogg Vorbis",
+    // AAC comes in an MP4 file (told by its `ftyp` atom) or as bare ADTS frames.
+    let is_mp4 = bytes.get(4..8) == Some(b"ftyp".as_slice());
+    let (name, extension) = match codec {
+        Codec::Mp3 => ("MP3", "mp3"),
+        Codec::Aac if is_mp4 => ("MP4 AAC", "m4a"),
+        Codec::Aac => ("ADTS AAC", "aac"),
+        _ => ("Ogg Vorbis", "ogg"),
     };
+    // Read before symphonia takes the bytes: its reader does not apply the edit list.
+    let mp4_tracks = if is_mp4 { Some(mp4::audio_tracks(&bytes)?) } else { None };
     let corrupt = |what: &str, e: Error| Reject::CorruptAudio(format!("{name}: {what}: {e}"));
     let mut hint = Hint::new();
-    hint.with_extension(if codec == Codec::Mp3 { "mp3" } else { "ogg" });
+    hint.with_extension(extension);
     let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes)), Default::default());
     let mut format = symphonia::default::get_probe()
         .probe(&hint, mss, FormatOptions::default(), MetadataOptions::default())
@@ -106,9 +113,54 @@ pub(crate) fn decode(bytes: Vec<u8>, codec: Codec, max_seconds: u64) -> Result<L
     if channels == 0 {
         return Err(Reject::NoSamples(format!("{name}: no audio packets")));
     }
+    if let Some((movie_timescale, tracks)) = &mp4_tracks {
+        let track = tracks.iter().find(|t| t.id == track_id).ok_or_else(|| {
+            Reject::CorruptAudio(format!("{name}: track {track_id} has no audio handler"))
+        })?;
+        // HE-AAC's core decodes at half the stream's rate, and the track's timescale is then
+        // the stream's rate: symphonia's decoder has no SBR, and would give the core band only.
+        if track.timescale == 2 * rate {
+            return Err(Reject::UnsupportedCodec(format!(
+                "{name}: HE-AAC (SBR; core rate {rate} Hz, track timescale {} Hz); asrc's AAC \
+                 decoder reads AAC-LC",
+                track.timescale
+            )));
+        }
+        out = apply_trim(out, mp4::trim(track, *movie_timescale, rate)?, channels, rate, name)?;
+    }
     let samples = StreamSamples::F32(out);
     if !samples.all_finite() {
         return Err(Reject::CorruptAudio(format!("{name}: a decoded sample is not finite")));
     }
     Ok(Lossy { rate, channels, samples })
+}
+
+/// `out` (interleaved, `channels`) cut to the samples the edit list names. An edit that names
+/// more than the track decodes to is a cut file, unless the excess is the movie timescale's
+/// rounding (the duration is often in milliseconds).
+fn apply_trim(
+    mut out: Vec<f32>,
+    trim: mp4::Trim,
+    channels: u32,
+    rate: u32,
+    name: &str,
+) -> Result<Vec<f32>, Reject> {
+    let ch = channels as usize;
+    let frames = (out.len() / ch) as u64;
+    let skip = trim.skip.min(frames);
+    let keep = match trim.keep {
+        None => frames - skip,
+        Some(keep) if keep <= frames - skip => keep,
+        Some(keep) if keep - (frames - skip) <= u64::from(rate / 1000 + 1) => frames - skip,
+        Some(keep) => {
+            return Err(Reject::TruncatedAudio(format!(
+                "{name}: the edit list names {keep} samples from sample {}, the track decodes \
+                 to {frames}",
+                trim.skip
+            )))
+        }
+    };
+    out.truncate((skip + keep) as usize * ch);
+    out.drain(..skip as usize * ch);
+    Ok(out)
 }

@@ -1,10 +1,10 @@
-//! Audio: decoding FLAC, WAV, MP3, Ogg Vorbis and Ogg Opus, cutting segments, and resampling
+//! Audio: decoding FLAC, WAV, MP3, Ogg Vorbis, Ogg Opus and AAC, cutting segments, and resampling
 //! to the corpus rate.
 //!
 //! `decode` is the front door (codec sniffing, the FLAC decoder choice, downmix to mono); its
 //! backends are `libflac` (the reference decoder, through its C API), `symphonia_flac` (pure
-//! Rust), `wav`, `lossy` (MP3 and Vorbis through symphonia) and `opus` (libopus, over the
-//! `ogg` page reader); `pcm` holds what they share (samples, rejects, MD5, the length check), so
+//! Rust), `wav`, `lossy` (MP3, Vorbis and AAC through symphonia, with `mp4` reading the edit
+//! list symphonia does not apply) and `opus` (libopus, over the `ogg` page reader); `pcm` holds what they share (samples, rejects, MD5, the length check), so
 //! the backends depend on it and never on the front door. `segment` cuts an offset and duration
 //! out of a decoded recording.
 
@@ -13,6 +13,7 @@ pub mod decode;
 #[allow(unsafe_code)]
 mod libflac;
 mod lossy;
+mod mp4;
 mod ogg;
 mod opus;
 pub mod pcm;

@@ -40,6 +40,8 @@ pub enum Codec {
     Vorbis,
     /// Opus in Ogg.
     Opus,
+    /// AAC-LC in MP4 (M4A) or ADTS.
+    Aac,
 }
 
 impl Codec {
@@ -51,6 +53,7 @@ impl Codec {
             Codec::Mp3 => "mp3",
             Codec::Vorbis => "vorbis",
             Codec::Opus => "opus",
+            Codec::Aac => "aac",
         }
     }
 
@@ -65,7 +68,7 @@ impl Codec {
 pub enum StreamSamples {
     /// Integers at the stream's bit depth, sign-extended (FLAC, integer WAV, G.711 expanded).
     Int(Vec<i32>),
-    /// Floats in [-1, 1] (float WAV, MP3, Vorbis, Opus).
+    /// Floats in [-1, 1] (float WAV, MP3, Vorbis, Opus, AAC).
     F32(Vec<f32>),
     /// Doubles in [-1, 1] (64-bit float WAV).
     F64(Vec<f64>),
@@ -193,14 +196,14 @@ fn mean_of_channels<T: Copy>(v: &[T], channels: usize, f: impl Fn(T) -> f64) -> 
 pub enum Reject {
     /// The file does not exist or cannot be read.
     MissingFile(String),
-    /// The bytes are no codec asrc decodes (MP4/AAC, Ogg FLAC, a WAV encoding other than PCM,
-    /// float and G.711, unknown bytes).
+    /// The bytes are no codec asrc decodes (HE-AAC, MP4 of another codec, Ogg FLAC, a WAV
+    /// encoding other than PCM, float and G.711, unknown bytes).
     UnsupportedCodec(String),
     /// A tar archive holds no member of the name the input gives.
     MissingMember(String),
-    /// A WAV, MP3, Ogg Vorbis or Ogg Opus stream is damaged.
+    /// A WAV, MP3, Ogg Vorbis, Ogg Opus or AAC stream is damaged.
     CorruptAudio(String),
-    /// A WAV, MP3, Ogg Vorbis or Ogg Opus stream ends before its headers say it does.
+    /// A WAV, MP3, Ogg Vorbis, Ogg Opus or AAC stream ends before its headers say it does.
     TruncatedAudio(String),
     /// A segment (offset and duration) reaches beyond the end of its recording.
     SegmentBeyondEnd(String),

@@ -1,5 +1,5 @@
 //! `asrc probe`: what `asrc compile` would make of audio files (FLAC, WAV, MP3, Ogg Vorbis,
-//! Ogg Opus), decoded and checked alone.
+//! Ogg Opus, AAC), decoded and checked alone.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;

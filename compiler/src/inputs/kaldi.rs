@@ -5,13 +5,17 @@
 //! With `segments`, there is one row per segment, in its order; without, one per `wav.scp`
 //! line, the recording id being the utterance id. Relative paths resolve against the data
 //! directory (or `--audio-root`). A pipe entry is refused (`pipe_refused`) unless
-//! `--allow-pipes` asks for it to run under `sh -c`; an archive entry (`foo.ark:1234`) is not
-//! audio asrc reads (`unsupported_codec`).
+//! `--allow-pipes` asks for it to run under `sh -c`. An archive entry (`foo.ark:1234`, what
+//! `wav-copy ark:... ark,scp:...` and kaldiio write) is the WAV file that starts at that byte of
+//! the archive, read in place: Kaldi's wave holder writes the RIFF file itself, with no binary
+//! marker before it, so the `RIFF` header's size says where it ends. Bytes other than a RIFF
+//! header at the offset (a feature matrix, a wrong offset) are named rejects.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::{malformed, resolve, AudioRef, InputError};
+use crate::audio::decode::Reject;
 use crate::audio::segment::Segment;
 use crate::manifest::ManifestRow;
 use crate::reason::Reason;
@@ -83,16 +87,57 @@ fn audio_of(base: &Path, entry: &str, allow_pipes: bool) -> ScpEntry {
             format!("a path with spaces is not a Kaldi entry: {entry:?}"),
         ));
     }
-    let is_ark = entry
+    let ark = entry
         .rsplit_once(':')
-        .is_some_and(|(_, off)| !off.is_empty() && off.chars().all(|c| c.is_ascii_digit()));
-    if is_ark {
-        return Err((
-            Reason::UnsupportedCodec,
-            format!("{entry:?} is an offset into a Kaldi archive, not an audio file"),
-        ));
+        .filter(|(_, off)| !off.is_empty() && off.chars().all(|c| c.is_ascii_digit()));
+    if let Some((path, off)) = ark {
+        let offset = off.parse::<u64>().map_err(|_| {
+            (Reason::MalformedLine, format!("the archive offset of {entry:?} is too large"))
+        })?;
+        return Ok(AudioRef::ArkWav { ark: resolve(base, path), offset });
     }
     Ok(AudioRef::File(resolve(base, entry)))
+}
+
+/// The WAV file at byte `offset` of the Kaldi archive `ark`: its RIFF header and as many bytes
+/// as the header's size says (fewer where the archive ends first: the WAV decoder then names
+/// the cut chunk).
+pub(crate) fn read_ark_wav(ark: &Path, offset: u64) -> Result<Vec<u8>, Reject> {
+    use std::os::unix::fs::FileExt;
+    let name = ark.display();
+    let missing = |e: std::io::Error| Reject::MissingFile(format!("{name}: {e}"));
+    let file = std::fs::File::open(ark).map_err(missing)?;
+    let len = file.metadata().map_err(missing)?.len();
+    let mut head = [0u8; 12];
+    let got = file.read_at(&mut head, offset).map_err(missing)?;
+    if offset.saturating_add(12) > len || got < 12 {
+        return Err(Reject::TruncatedAudio(format!(
+            "{name}: the entry's offset {offset} leaves {} of the {len}-byte archive, less than a \
+             WAV header",
+            len.saturating_sub(offset)
+        )));
+    }
+    if &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
+        // A feature archive's binary matrices start with "\0B" and a type token.
+        let what = if head.starts_with(b"\0B") {
+            "a binary Kaldi object (a feature matrix or vector, not a wave)"
+        } else {
+            "no RIFF/WAVE header"
+        };
+        let hex: Vec<String> = head[..8].iter().map(|b| format!("{b:02x}")).collect();
+        return Err(Reject::UnsupportedCodec(format!(
+            "{name}: at byte {offset}, {what} (first bytes {}); wav.scp's archive entries must \
+             point at a WAV file, as wav-copy writes them",
+            hex.join(" ")
+        )));
+    }
+    let riff = u64::from(u32::from_le_bytes([head[4], head[5], head[6], head[7]]));
+    let size = (riff + 8).min(len - offset);
+    let size = usize::try_from(size)
+        .map_err(|_| Reject::MissingFile(format!("{name}: a WAV of {size} bytes")))?;
+    let mut buf = vec![0u8; size];
+    file.read_exact_at(&mut buf, offset).map_err(missing)?;
+    Ok(buf)
 }
 
 /// Reads the data directory `dir`.

@@ -43,6 +43,14 @@ pub enum AudioRef {
     },
     /// Bytes held in the input itself (a Hugging Face `Audio` column).
     Bytes(Arc<[u8]>),
+    /// A WAV file inside a Kaldi archive, starting at byte `offset` (a `wav.scp` entry
+    /// `foo.ark:1234`, as `wav-copy` and kaldiio write them).
+    ArkWav {
+        /// The archive.
+        ark: PathBuf,
+        /// Where the WAV's `RIFF` header starts.
+        offset: u64,
+    },
     /// The standard output of a shell command run in `dir` (a Kaldi `wav.scp` pipe entry,
     /// with `--allow-pipes`).
     Pipe {
@@ -60,6 +68,7 @@ impl AudioRef {
             AudioRef::File(p) => crate::audio::decode::read_file(p),
             AudioRef::Member { tar, member: _, span: Some(span) } => tar::read_span(tar, *span),
             AudioRef::Member { tar, member, span: None } => tars.read_member(tar, member),
+            AudioRef::ArkWav { ark, offset } => kaldi::read_ark_wav(ark, *offset),
             AudioRef::Pipe { command, dir } => run_pipe(command, dir),
             AudioRef::Bytes(b) => Ok(b.to_vec()),
         }
@@ -71,6 +80,7 @@ impl AudioRef {
         match self {
             AudioRef::File(p) => p.display().to_string(),
             AudioRef::Member { tar, member, .. } => format!("{}:{member}", tar.display()),
+            AudioRef::ArkWav { ark, offset } => format!("{}:{offset}", ark.display()),
             AudioRef::Pipe { command, dir } => format!("{} | {command}", dir.display()),
             AudioRef::Bytes(b) => {
                 format!("{} bytes, xxh3 {:016x}", b.len(), xxhash_rust::xxh3::xxh3_64(b))
@@ -81,7 +91,9 @@ impl AudioRef {
     /// The file the report names: the file, the archive, or nothing for a pipe.
     pub fn file(&self) -> Option<&Path> {
         match self {
-            AudioRef::File(p) | AudioRef::Member { tar: p, .. } => Some(p),
+            AudioRef::File(p)
+            | AudioRef::Member { tar: p, .. }
+            | AudioRef::ArkWav { ark: p, .. } => Some(p),
             AudioRef::Pipe { .. } | AudioRef::Bytes(_) => None,
         }
     }

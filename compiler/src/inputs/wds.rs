@@ -1,6 +1,6 @@
 //! WebDataset and WeNet tar shards: consecutive members sharing a key (the member name up to
 //! the first dot of its file name) are one sample. The sample's audio is its `wav`, `flac`,
-//! `mp3`, `ogg` or `opus` member (read in place at stage 2, never extracted), its transcript
+//! `mp3`, `ogg`, `opus`, `m4a` or `aac` member (read in place at stage 2, never extracted), its transcript
 //! the `txt` (or `text`) member, its language a `lang` member or the `lang`/`language` field
 //! of a `json` member.
 //!
@@ -16,7 +16,7 @@ use crate::manifest::ManifestRow;
 use crate::reason::Reason;
 
 /// The audio member extensions, in the order one is chosen when a sample has several.
-pub const AUDIO_EXTENSIONS: [&str; 5] = ["flac", "wav", "opus", "ogg", "mp3"];
+pub const AUDIO_EXTENSIONS: [&str; 7] = ["flac", "wav", "opus", "ogg", "mp3", "m4a", "aac"];
 
 /// How shards are read.
 #[derive(Debug, Clone, Default)]
@@ -128,7 +128,7 @@ fn sample(
             row,
             origin,
             Reason::MissingMember,
-            format!("sample {key:?} has no audio member (.flac, .wav, .opus, .ogg or .mp3); members: {names:?}"),
+            format!("sample {key:?} has no audio member (.flac, .wav, .opus, .ogg, .mp3, .m4a or .aac); members: {names:?}"),
         );
         m.segment_id = Some(key.to_owned());
         return m;

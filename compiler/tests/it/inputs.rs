@@ -73,6 +73,7 @@ fn every_layout_compiles_the_same_utterances() {
             vec![],
         ),
         ("kaldi", vec![arg(&d.join("kaldi"))], vec![]),
+        ("kaldi archive", vec![arg(&d.join("kaldi_ark"))], vec![]),
         ("hf common voice", vec![arg(&d.join("hf/cv_style.parquet"))], vec![]),
         ("hf fleurs", vec![arg(&d.join("hf/fleurs_style.parquet"))], vec![]),
         ("lhotse cuts", vec![arg(&d.join("lhotse/cuts.jsonl.gz"))], vec![]),
@@ -207,6 +208,41 @@ fn kaldi_pipes_are_refused_unless_asked_for() {
     let expected: serde_json::Value =
         serde_json::from_slice(&std::fs::read(data().join("expected.json")).unwrap()).unwrap();
     assert_eq!(asr_corpus::audio_hash(c.pcm(0)), expected["utterances"]["utt1"]["xxh3_64"]);
+}
+
+#[test]
+fn kaldi_archive_entries_that_are_not_a_wave_are_named_rejects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kaldi_ark");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(data().join("kaldi_ark/wav.ark"), dir.join("wav.ark")).unwrap();
+    let len = std::fs::metadata(dir.join("wav.ark")).unwrap().len();
+    // The fixture's utt1 is at byte 96054, after its key `utt1 `; the archive ends at `len`.
+    write(
+        &dir,
+        "wav.scp",
+        &format!(
+            "good wav.ark:96054\nkey wav.ark:96049\npast wav.ark:{}\ngone gone.ark:5\n",
+            len - 4
+        ),
+    );
+    write(&dir, "text", "good hello world\nkey hello\npast hello\ngone hello\n");
+    write(&dir, "utt2lang", "good en\nkey en\npast en\ngone en\n");
+    let (c, lines) = compile(tmp.path(), &[arg(&dir)], &["--format", "kaldi"]);
+    assert_eq!(c.len(), 1);
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data().join("expected.json")).unwrap()).unwrap();
+    assert_eq!(asr_corpus::audio_hash(c.pcm(0)), expected["utterances"]["utt1"]["xxh3_64"]);
+    let dropped: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["kind"] == "dropped")
+        .map(|l| (l["reason"].as_str().unwrap(), l["detail"].as_str().unwrap()))
+        .collect();
+    let reasons: Vec<&str> = dropped.iter().map(|d| d.0).collect();
+    assert_eq!(reasons, ["unsupported_codec", "truncated_audio", "missing_file"], "{dropped:?}");
+    assert!(dropped[0].1.contains("at byte 96049, no RIFF/WAVE header"), "{}", dropped[0].1);
+    assert!(dropped[1].1.contains(&format!("offset {} leaves 4", len - 4)), "{}", dropped[1].1);
+    assert!(dropped[2].1.contains("gone.ark"), "{}", dropped[2].1);
 }
 
 #[test]

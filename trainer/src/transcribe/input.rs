@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use super::TranscribeError;
 
 /// File extensions a directory is searched for.
-pub const AUDIO_EXTENSIONS: [&str; 6] = ["flac", "wav", "mp3", "ogg", "opus", "oga"];
+pub const AUDIO_EXTENSIONS: [&str; 8] = ["flac", "wav", "mp3", "ogg", "opus", "oga", "m4a", "aac"];
 
 /// Where an item's samples are.
 #[derive(Debug, Clone)]

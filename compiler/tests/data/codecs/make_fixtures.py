@@ -2,7 +2,7 @@
 """Regenerates the decoder fixtures in this folder (compiler/tests/data/codecs/).
 
 Every audio file here is written by a reference tool (sox, ffmpeg, flac, lame, oggenc,
-opusenc), never by Python, and next to it lies the reference decoder's output as raw
+opusenc), never by Python (the bad_* files are good ones cut or patched by Python), and next to it lies the reference decoder's output as raw
 little-endian samples (NAME.s32 / NAME.f32 / NAME.f64). index.json describes every file:
 codec, container, reference decoder and its version, sample format, rate, channels,
 frames, the encoder command. The bad_* files are for reject tests (index.json "bad").
@@ -13,7 +13,10 @@ Needs: python3 with numpy, and on PATH: sox, ffmpeg, flac, lame, oggenc, opusenc
     python3 compiler/tests/data/codecs/make_fixtures.py
 
 Deterministic: fixed seeds, fixed Ogg serial numbers, `-D` (no dither) for sox,
-`-fflags +bitexact` for ffmpeg; running it twice gives the same bytes with the same tools.
+`-fflags +bitexact` for ffmpeg; running it twice gives the same bytes with the same tools on
+the same machine. libopus's float encoder takes the CPU's own SIMD paths, so on another CPU the
+Opus files (and their decodes, and bad_truncated.opus) come out different but equally valid:
+keep the committed ones when adding fixtures of other codecs.
 
 Source signal: a speech-like test signal (a glottal-like harmonic series, f0 gliding
 130 -> 170 Hz with a 5.5 Hz vibrato, formant-shaped harmonic amplitudes, a syllable
@@ -499,6 +502,56 @@ def main():
                                    "frames": len(fpcm) // ch}],
                   ffmpeg_stream=desc)
 
+        # AAC-LC (ffmpeg's native encoder) in MP4/M4A and ADTS -> ffmpeg's native aac decoder.
+        # The encoder primes with 1024 samples; the MP4 muxer's edit list (elst) says the
+        # recording starts at media time 1024 and lasts 300 ms. ffmpeg 5.1 drops the priming
+        # (the edit's start) but not the last frame's padding (its end): its first
+        # `edit_list_frames` frames are the recording, which the alignment check below confirms.
+        # ADTS has no edit list: every decoder gives every frame, priming and padding included.
+        aacs = [("aac_16k.m4a", "pcm_s16_16k.wav", 16000, 1, "32k", []),
+                ("aac_44k_stereo.m4a", "pcm_s16_44k_stereo.wav", 44100, 2, "96k",
+                 ["-movflags", "+faststart"]),
+                ("aac_16k.aac", "pcm_s16_16k.wav", 16000, 1, "32k", ["-f", "adts"])]
+        for name, src, rate, ch, kbps, extra in aacs:
+            cmd = (["ffmpeg", "-v", "error", "-y", "-i", src, "-fflags", "+bitexact", "-c:a", "aac",
+                    "-b:a", kbps] + extra + [name])
+            run(cmd, tmp)
+            keep(name)
+            pcm, ref = ffmpeg_f32(name, "aac", ch)
+            reff = name.replace(".", "_") + ".f32"
+            open(os.path.join(out, reff), "wb").write(ref)
+            desc, srate = stream_rate(name)
+            source = quantize(signal(rate, ch), 16)[:, 0] / 32768.0
+            got = pcm.reshape(-1, ch)[:, 0]
+            n = len(source)
+            # The lag at which ffmpeg's decode best matches the source: 0 where the priming is
+            # dropped (MP4), 1024 where it is kept (ADTS).
+            lags = range(0, 2048)
+            lag = max(lags, key=lambda k: float(np.dot(got[k:k + n], source[:len(got[k:k + n])])))
+            e = entry(file=name, codec="aac", encoder_command=shlex.join(cmd), encoder=ffver,
+                      lossless=False, reference_file=reff,
+                      reference_decoder=f"{ffver} (native decoder aac)", sample_format="f32",
+                      rate=srate, channels=ch, frames=len(pcm) // ch, source_frames=n,
+                      ffmpeg_stream=desc, source_lag=lag)
+            if name.endswith(".m4a"):
+                assert lag == 0, (name, lag)
+                data = open(os.path.join(tmp, name), "rb").read()
+                i = data.find(b"elst")
+                count, duration, media_time = struct.unpack(">III", data[i + 8:i + 20])
+                assert count == 1 and duration == 300 and media_time == 1024, (count, duration, media_time)
+                moov, mdat = data.find(b"moov"), data.find(b"mdat")
+                e.update(container="mp4 (moov " + ("before" if moov < mdat else "after") + " mdat)",
+                         edit_list={"segment_duration_ms": duration, "media_time": media_time},
+                         edit_list_frames=n,
+                         notes=(f"ffmpeg 5.1 drops the edit list's {media_time} priming samples but "
+                                f"keeps the last frame's padding: {len(pcm) // ch - n} frames past "
+                                f"the edit's {n}; its first {n} are the conforming decode"))
+            else:
+                assert lag == 1024 and len(pcm) // ch % 1024 == 0, (name, lag, len(pcm))
+                e.update(container="adts",
+                         notes="no edit list: ffmpeg decodes every frame, the encoder's 1024 "
+                               "priming samples and the last frame's padding included")
+
         # ------------------------------------------------------------------ bad files
         good = open(os.path.join(out, "pcm_s16_16k.wav"), "rb").read()
         p, size = wav_data(good)
@@ -527,6 +580,30 @@ def main():
         open(os.path.join(out, "bad_truncated.opus"), "wb").write(op[:len(op) // 2])
         bad.append({"file": "bad_truncated.opus",
                     "description": f"the first {len(op) // 2} of {len(op)} bytes of opus_16k.opus (ends inside an Ogg page, no end-of-stream page)"})
+        m4a = open(os.path.join(out, "aac_44k_stereo.m4a"), "rb").read()
+        cut = m4a.find(b"mdat") + len(m4a[m4a.find(b"mdat"):]) // 2
+        open(os.path.join(out, "bad_truncated.m4a"), "wb").write(m4a[:cut])
+        bad.append({"file": "bad_truncated.m4a",
+                    "description": f"the first {cut} of {len(m4a)} bytes of aac_44k_stereo.m4a (index before the audio; cut half way through the audio)"})
+        m4a = bytearray(open(os.path.join(out, "aac_16k.m4a"), "rb").read())
+        i = m4a.find(b"mdhd")
+        assert m4a[i + 4] == 0 and struct.unpack(">I", m4a[i + 16:i + 20])[0] == 16000
+        m4a[i + 16:i + 20] = struct.pack(">I", 32000)
+        open(os.path.join(out, "bad_he_aac.m4a"), "wb").write(m4a)
+        bad.append({"file": "bad_he_aac.m4a",
+                    "description": "aac_16k.m4a with the audio track's timescale (mdhd) set to 32000, twice the AAC core's rate, as an HE-AAC (SBR) file's is"})
+        m4a = bytearray(open(os.path.join(out, "aac_16k.m4a"), "rb").read())
+        assert m4a.find(b"moov") > m4a.find(b"mdat"), "the index must follow the audio"
+        # A second edit (100 ms from media time 8000): the atoms that hold elst grow by 12.
+        i = m4a.find(b"elst")
+        m4a[i + 8:i + 12] = struct.pack(">I", 2)
+        m4a[i + 20 + 4:i + 20 + 4] = struct.pack(">IiI", 100, 8000, 1 << 16)
+        for kind in (b"elst", b"edts", b"trak", b"moov"):
+            j = m4a.find(kind)
+            m4a[j - 4:j] = struct.pack(">I", struct.unpack(">I", m4a[j - 4:j])[0] + 12)
+        open(os.path.join(out, "bad_edit_list.m4a"), "wb").write(m4a)
+        bad.append({"file": "bad_edit_list.m4a",
+                    "description": "aac_16k.m4a with a second edit in its edit list (100 ms from media time 8000): the track played in two pieces"})
         open(os.path.join(out, "bad_not_audio.txt"), "w").write(
             "This is not an audio file.\nIt is plain text, for the decoder's reject tests.\n")
         bad.append({"file": "bad_not_audio.txt", "description": "plain ASCII text"})
