@@ -126,7 +126,7 @@ pub(crate) fn decode(bytes: Vec<u8>, codec: Codec, max_seconds: u64) -> Result<L
                 track.timescale
             )));
         }
-        out = apply_trim(out, mp4::trim(track, *movie_timescale, rate)?, channels, rate, name)?;
+        out = apply_trim(out, mp4::trim(track, *movie_timescale, rate)?, channels, name)?;
     }
     let samples = StreamSamples::F32(out);
     if !samples.all_finite() {
@@ -142,7 +142,6 @@ fn apply_trim(
     mut out: Vec<f32>,
     trim: mp4::Trim,
     channels: u32,
-    rate: u32,
     name: &str,
 ) -> Result<Vec<f32>, Reject> {
     let ch = channels as usize;
@@ -151,7 +150,7 @@ fn apply_trim(
     let keep = match trim.keep {
         None => frames - skip,
         Some(keep) if keep <= frames - skip => keep,
-        Some(keep) if keep - (frames - skip) <= u64::from(rate / 1000 + 1) => frames - skip,
+        Some(keep) if keep - (frames - skip) <= trim.slack => frames - skip,
         Some(keep) => {
             return Err(Reject::TruncatedAudio(format!(
                 "{name}: the edit list names {keep} samples from sample {}, the track decodes \

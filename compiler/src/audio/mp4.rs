@@ -22,6 +22,9 @@ pub(crate) struct Trim {
     pub(crate) skip: u64,
     /// Samples to keep after those; `None` for all (no edit list, or an edit to the end).
     pub(crate) keep: Option<u64>,
+    /// How many samples `keep` may exceed what the track holds by the rounding of a duration
+    /// in the movie's timescale (one of its units, often a millisecond).
+    pub(crate) slack: u64,
 }
 
 /// One audio track's facts.
@@ -76,15 +79,15 @@ pub(crate) fn audio_tracks(bytes: &[u8]) -> Result<(u32, Vec<AudioTrack>), Rejec
 pub(crate) fn trim(track: &AudioTrack, movie_timescale: u32, rate: u32) -> Result<Trim, Reject> {
     let mut edits = track.edits.iter().skip_while(|(_, media_time, _)| *media_time == -1);
     let Some(&(duration, media_time, speed)) = edits.next() else {
-        return Ok(Trim { skip: 0, keep: None });
+        return Ok(Trim { skip: 0, keep: None, slack: 0 });
     };
     let n = track.edits.len();
     if edits.next().is_some() || speed != 1 << 16 || media_time < 0 {
         return Err(Reject::Unsupported(format!(
-            "MP4: the audio track's edit list of {n} edits plays the track in pieces or at \
-             another rate (first played edit: media time {media_time}, rate {}/65536); asrc \
-             takes one edit at rate 1",
-            speed
+            "MP4: the audio track's edit list of {n} edit{} plays the track in pieces or at \
+             another rate (first played edit: media time {media_time}, rate {speed}/65536); \
+             asrc takes one edit at rate 1",
+            if n == 1 { "" } else { "s" }
         )));
     }
     if track.timescale == 0 || movie_timescale == 0 {
@@ -97,7 +100,8 @@ pub(crate) fn trim(track: &AudioTrack, movie_timescale: u32, rate: u32) -> Resul
     // A duration of 0 in a single edit means "to the end of the track" in files written by
     // some muxers (ffmpeg reads it so too).
     let keep = (duration != 0).then(|| scale(duration, movie_timescale));
-    Ok(Trim { skip, keep })
+    let slack = u64::from(rate.div_ceil(movie_timescale));
+    Ok(Trim { skip, keep, slack })
 }
 
 /// `elst`'s entries.
@@ -235,18 +239,27 @@ mod tests {
         // What ffmpeg's muxer writes for 0.3 s at 16 kHz: 300 ms from media time 1024.
         let (ts, tracks) = audio_tracks(&movie(&[(300, 1024)], 16000)).unwrap();
         assert_eq!((ts, tracks.len(), tracks[0].id), (1000, 1, 7));
-        assert_eq!(trim(&tracks[0], ts, 16000).unwrap(), Trim { skip: 1024, keep: Some(4800) });
+        assert_eq!(
+            trim(&tracks[0], ts, 16000).unwrap(),
+            Trim { skip: 1024, keep: Some(4800), slack: 16 }
+        );
         // A track timescale other than the rate: converted.
         let (ts, tracks) = audio_tracks(&movie(&[(300, 2048)], 32000)).unwrap();
-        assert_eq!(trim(&tracks[0], ts, 16000).unwrap(), Trim { skip: 1024, keep: Some(4800) });
+        assert_eq!(
+            trim(&tracks[0], ts, 16000).unwrap(),
+            Trim { skip: 1024, keep: Some(4800), slack: 16 }
+        );
     }
 
     #[test]
     fn empty_edits_are_skipped_and_pieces_refused() {
         let (ts, tracks) = audio_tracks(&movie(&[(50, -1), (300, 1024)], 16000)).unwrap();
-        assert_eq!(trim(&tracks[0], ts, 16000).unwrap(), Trim { skip: 1024, keep: Some(4800) });
+        assert_eq!(
+            trim(&tracks[0], ts, 16000).unwrap(),
+            Trim { skip: 1024, keep: Some(4800), slack: 16 }
+        );
         let (ts, tracks) = audio_tracks(&movie(&[], 16000)).unwrap();
-        assert_eq!(trim(&tracks[0], ts, 16000).unwrap(), Trim { skip: 0, keep: None });
+        assert_eq!(trim(&tracks[0], ts, 16000).unwrap(), Trim { skip: 0, keep: None, slack: 0 });
         let (ts, tracks) = audio_tracks(&movie(&[(100, 1024), (100, 8000)], 16000)).unwrap();
         let r = trim(&tracks[0], ts, 16000).unwrap_err();
         assert!(matches!(&r, Reject::Unsupported(d) if d.contains("2 edits")), "{r:?}");
