@@ -7,7 +7,7 @@
 
 use std::io::Cursor;
 
-use symphonia::core::codecs::audio::AudioDecoderOptions;
+use symphonia::core::codecs::audio::{well_known, AudioDecoderOptions};
 use symphonia::core::errors::Error;
 use symphonia::core::formats::probe::Hint;
 use symphonia::core::formats::{FormatOptions, TrackType};
@@ -30,7 +30,7 @@ pub(crate) fn decode(bytes: Vec<u8>, codec: Codec, max_seconds: u64) -> Result<L
     let is_mp4 = bytes.get(4..8) == Some(b"ftyp".as_slice());
     let (name, extension) = match codec {
         Codec::Mp3 => ("MP3", "mp3"),
-        Codec::Aac if is_mp4 => ("MP4 AAC", "m4a"),
+        Codec::Aac if is_mp4 => ("MP4", "m4a"),
         Codec::Aac => ("ADTS AAC", "aac"),
         _ => ("Ogg Vorbis", "ogg"),
     };
@@ -59,6 +59,21 @@ pub(crate) fn decode(bytes: Vec<u8>, codec: Codec, max_seconds: u64) -> Result<L
         .and_then(|p| p.audio())
         .ok_or_else(|| Reject::UnsupportedCodec(format!("{name}: no audio codec parameters")))?
         .clone();
+    // An MP4 may hold other codecs (Apple Lossless, MP3, Opus, AC-3); one the compiled decoders
+    // could read would otherwise be decoded under AAC's name.
+    if codec == Codec::Aac && params.codec != well_known::CODEC_ID_AAC {
+        let held = match params.codec {
+            well_known::CODEC_ID_ALAC => "Apple Lossless (ALAC)".to_owned(),
+            well_known::CODEC_ID_MP3 => "MP3".to_owned(),
+            well_known::CODEC_ID_OPUS => "Opus".to_owned(),
+            well_known::CODEC_ID_FLAC => "FLAC".to_owned(),
+            well_known::CODEC_ID_AC3 | well_known::CODEC_ID_EAC3 => "AC-3".to_owned(),
+            other => format!("symphonia's codec {other}"),
+        };
+        return Err(Reject::UnsupportedCodec(format!(
+            "{name}: the audio track holds {held}, not AAC; asrc reads AAC-LC in MP4"
+        )));
+    }
     let rate = params
         .sample_rate
         .ok_or_else(|| Reject::CorruptAudio(format!("{name}: no sample rate")))?;

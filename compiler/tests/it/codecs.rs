@@ -101,6 +101,7 @@ fn broken_files_are_rejected_with_their_reason() {
         ("bad_truncated.m4a", "truncated_audio"),
         ("bad_he_aac.m4a", "unsupported_codec"),
         ("bad_edit_list.m4a", "unsupported_audio"),
+        ("bad_alac.m4a", "unsupported_codec"),
     ];
     for (file, reason) in cases {
         match decode(file) {

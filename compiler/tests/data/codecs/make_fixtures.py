@@ -604,6 +604,11 @@ def main():
         open(os.path.join(out, "bad_edit_list.m4a"), "wb").write(m4a)
         bad.append({"file": "bad_edit_list.m4a",
                     "description": "aac_16k.m4a with a second edit in its edit list (100 ms from media time 8000): the track played in two pieces"})
+        run(["ffmpeg", "-v", "error", "-y", "-i", "pcm_s16_16k.wav", "-fflags", "+bitexact",
+             "-c:a", "alac", "bad_alac.m4a"], tmp)
+        keep("bad_alac.m4a")
+        bad.append({"file": "bad_alac.m4a",
+                    "description": "pcm_s16_16k.wav in an M4A as Apple Lossless (ffmpeg -c:a alac): an MP4 of a codec other than AAC"})
         open(os.path.join(out, "bad_not_audio.txt"), "w").write(
             "This is not an audio file.\nIt is plain text, for the decoder's reject tests.\n")
         bad.append({"file": "bad_not_audio.txt", "description": "plain ASCII text"})
