@@ -134,7 +134,7 @@ pub(crate) fn decode(bytes: Vec<u8>, codec: Codec, max_seconds: u64) -> Result<L
         })?;
         // HE-AAC's core decodes at half the stream's rate, and the track's timescale is then
         // the stream's rate: symphonia's decoder has no SBR, and would give the core band only.
-        if track.timescale == 2 * rate {
+        if u64::from(track.timescale) == 2 * u64::from(rate) {
             return Err(Reject::UnsupportedCodec(format!(
                 "{name}: HE-AAC (SBR; core rate {rate} Hz, track timescale {} Hz); asrc's AAC \
                  decoder reads AAC-LC",
