@@ -44,7 +44,7 @@ pub(crate) fn audio_tracks(bytes: &[u8]) -> Result<(u32, Vec<AudioTrack>), Rejec
     let moov = child(bytes, b"moov", "the file")?
         .ok_or_else(|| corrupt("no moov atom (the file's index)"))?;
     let mvhd = child(moov, b"mvhd", "moov")?.ok_or_else(|| corrupt("no moov/mvhd atom"))?;
-    let movie_timescale = timescale(mvhd, "mvhd")?;
+    let movie_timescale = after_times(mvhd, "mvhd")?;
     let mut tracks = Vec::new();
     for trak in children(moov, "moov")?.filter(|(kind, _)| kind == b"trak").map(|(_, b)| b) {
         let Some(mdia) = child(trak, b"mdia", "trak")? else { continue };
@@ -57,11 +57,9 @@ pub(crate) fn audio_tracks(bytes: &[u8]) -> Result<(u32, Vec<AudioTrack>), Rejec
             continue;
         }
         let tkhd = child(trak, b"tkhd", "trak")?.ok_or_else(|| corrupt("a trak without tkhd"))?;
-        // After version and flags: creation and modification times, 4 or 8 bytes each.
-        let id_at = if tkhd.first() == Some(&1) { 20 } else { 12 };
-        let id = be_u32(tkhd, id_at).ok_or_else(|| corrupt("tkhd is too short"))?;
+        let id = after_times(tkhd, "tkhd")?;
         let mdhd = child(mdia, b"mdhd", "mdia")?.ok_or_else(|| corrupt("a trak without mdhd"))?;
-        let timescale = timescale(mdhd, "mdhd")?;
+        let timescale = after_times(mdhd, "mdhd")?;
         let edits = match child(trak, b"edts", "trak")? {
             Some(edts) => match child(edts, b"elst", "edts")? {
                 Some(elst) => edit_list(elst)?,
@@ -132,8 +130,9 @@ fn edit_list(elst: &[u8]) -> Result<Vec<(u64, i64, i32)>, Reject> {
         .collect())
 }
 
-/// An `mvhd` or `mdhd` atom's timescale.
-fn timescale(atom: &[u8], name: &str) -> Result<u32, Reject> {
+/// The 32-bit field after a full atom's creation and modification times: `mvhd`'s and
+/// `mdhd`'s timescale, `tkhd`'s track id.
+fn after_times(atom: &[u8], name: &str) -> Result<u32, Reject> {
     // After version and flags: creation and modification times, 4 or 8 bytes each.
     let at = if atom.first() == Some(&1) { 20 } else { 12 };
     be_u32(atom, at).ok_or_else(|| corrupt(&format!("{name} is too short")))

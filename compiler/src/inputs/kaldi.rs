@@ -132,12 +132,7 @@ pub(crate) fn read_ark_wav(ark: &Path, offset: u64) -> Result<Vec<u8>, Reject> {
         )));
     }
     let riff = u64::from(u32::from_le_bytes([head[4], head[5], head[6], head[7]]));
-    let size = (riff + 8).min(len - offset);
-    let size = usize::try_from(size)
-        .map_err(|_| Reject::MissingFile(format!("{name}: a WAV of {size} bytes")))?;
-    let mut buf = vec![0u8; size];
-    file.read_exact_at(&mut buf, offset).map_err(missing)?;
-    Ok(buf)
+    super::tar::read_span(ark, super::Span { offset, size: (riff + 8).min(len - offset) })
 }
 
 /// Reads the data directory `dir`.
