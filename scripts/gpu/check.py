@@ -343,6 +343,18 @@ def check_train_big(rc, log, work, name="d"):
         phases = ", ".join(f"{k} {figures[f'pool_{k}_mib']:.0f}" for k in ("forward", "gradients", "update")
                            if f"pool_{k}_mib" in figures)
         pool_s = f" (pool: in use {phases} MiB; reserved {figures.get('pool_reserved_mib', 0):.0f} MiB)"
+    # d's memory log, summarised (pool_summary.py): the pages of each page size.
+    layout = load_json(os.path.join(work, f"{name}-pool.json"))
+    if layout:
+        taken = [p for p in layout["pools"] if p["pages"]]
+        figures["pool_pages"] = [{"page_bytes": p["page_bytes"], "pages": p["pages"],
+                                  "reserved_bytes": p["reserved_bytes"], "in_use_bytes": p["in_use_bytes"],
+                                  "largest_request_bytes": p["largest_request_bytes"]} for p in taken]
+        figures["pool_largest_request_bytes"] = layout["largest_request_bytes"]
+        def size(n):
+            return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
+        pages = ", ".join(f"{p['pages']} x {size(p['page_bytes'])}" for p in taken if p["page_bytes"])
+        pool_s += f"; pages: {pages or 'none'} (largest buffer asked {size(layout['largest_request_bytes'])})"
     save(work, name, figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
     mem_s += pool_s

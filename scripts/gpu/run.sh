@@ -345,8 +345,17 @@ big_setup() {
 
 step_d() {
   big_setup || return $?
-  measured d "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/d-run" \
-    --device "$train_dev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  # With CubeCL's memory log: which of the pool's page sizes the reserved bytes are in, and for
+  # which buffer sizes (pool_summary.py; d is the cold run, so the log costs no steady figure).
+  # The dry run trains d on lavapipe, where there is a pool to log (dw and the others on the CPU).
+  local ddev="$train_dev"
+  [ "$dry" = 1 ] && ddev="$dev"
+  rm -f "$work/d-memory.log" "$work/d-pool.json"
+  ASRT_MEMORY_LOG="$work/d-memory.log" measured d "$bin/asrt" train "$work/long.asrcorpus" \
+    --config "$work/parakeet.toml" --out "$work/d-run" \
+    --device "$ddev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" || return $?
+  python3 "$repo/scripts/gpu/pool_summary.py" "$work/d-memory.log" --json "$work/d-pool.json" || return $?
+  rm -f "$work/d-memory.log"
 }
 check_d() { py train-big "$1" "$logs/d.log" "$work"; }
 

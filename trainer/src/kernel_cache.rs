@@ -71,7 +71,8 @@ pub enum KernelCacheError {
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl KernelCache {
     /// Makes the directory and sets CubeCL's process-wide configuration to use it, over
-    /// `cubecl.toml` (if any) and CubeCL's environment variables. CubeCL reads its configuration
+    /// `cubecl.toml` (if any) and CubeCL's environment variables, with the memory log
+    /// `ASRT_MEMORY_LOG` names, if any (`device_memory::log_memory`). CubeCL reads its configuration
     /// once, at the first kernel; when that has happened in this process already (an earlier
     /// run, or a test that ran kernels), the configuration stays as it is.
     pub fn install(&self) -> Result<(), KernelCacheError> {
@@ -103,6 +104,7 @@ impl KernelCache {
             }
             KernelCache::Off => config.compilation.cache = None,
         }
+        crate::train::device_memory::log_memory(&mut config, &|k| std::env::var(k).ok());
         CubeClRuntimeConfig::set(config);
         Ok(())
     }

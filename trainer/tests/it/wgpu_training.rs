@@ -171,9 +171,14 @@ fn asrt_trains_and_evaluates_on_wgpu() {
     )
     .unwrap();
     let run = dir.path().join("run");
+    let memory_log = dir.path().join("memory.log");
+    // The training run writes CubeCL's memory log (`ASRT_MEMORY_LOG`), the others do not.
     let asrt = |args: &[&std::ffi::OsStr]| {
-        let out =
-            std::process::Command::new(env!("CARGO_BIN_EXE_asrt")).args(args).output().unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrt"));
+        if args[0] == "train" {
+            cmd.env("ASRT_MEMORY_LOG", &memory_log);
+        }
+        let out = cmd.args(args).output().unwrap();
         assert!(out.status.success(), "asrt {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     };
@@ -217,6 +222,7 @@ fn asrt_trains_and_evaluates_on_wgpu() {
     assert!(update >= 0.99 * (model + optim), "{mem}: model.mpk {model}, optim.mpk {optim}");
     let grads = gradients - update;
     assert!((grads - optim / 2.0).abs() <= 0.01 * optim / 2.0, "{mem}: optim.mpk {optim}");
+    pool_layout_agrees_with_the_metrics(&memory_log, &lines, dir.path());
 
     let eval = |device: &str| -> serde_json::Value {
         let out = asrt(&[
@@ -244,4 +250,43 @@ fn asrt_trains_and_evaluates_on_wgpu() {
     eprintln!("wgpu hypotheses: {h:?}");
     assert_eq!(h, hypotheses(&on_cpu), "wgpu and the CPU decode differently");
     assert_eq!(on_wgpu["overall"], on_cpu["overall"]);
+}
+
+/// The GPU kit's summary of CubeCL's memory log (`scripts/gpu/pool_summary.py`) against the
+/// pool's own counters in the same run's metrics: the layout with the most pages holds as many
+/// bytes as the most the metrics saw reserved (the pool takes pages and keeps them), each sliced
+/// pool's pages times its page size add up to that, and buffers were asked of it.
+fn pool_layout_agrees_with_the_metrics(
+    log: &std::path::Path,
+    metrics: &[serde_json::Value],
+    dir: &std::path::Path,
+) {
+    let json = dir.join("pool.json");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/gpu/pool_summary.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(log)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "pool_summary.py: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let reserved = metrics
+        .iter()
+        .map(|m| m["device_memory"]["reserved_bytes"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    // The log prints sizes to three significant digits.
+    let printed = s["reserved_bytes"].as_f64().unwrap();
+    assert!((printed - reserved).abs() <= 5e-3 * reserved, "log {printed}, metrics {reserved}");
+    let pages: f64 = s["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["page_bytes"].is_f64() || p["page_bytes"].is_u64())
+        .map(|p| p["reserved_bytes"].as_f64().unwrap())
+        .sum();
+    assert_eq!(pages, reserved, "{s}");
+    assert!(s["requests"].as_u64().unwrap() > 0, "{s}");
 }
