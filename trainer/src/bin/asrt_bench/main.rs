@@ -231,6 +231,8 @@ enum Bench {
     /// over Mesa's software Vulkan; not on a real GPU), with made-up gradients, for the preset
     /// with its encoder's layers and width overridden; in MiB and in parameter sizes. On wgpu
     /// (and CUDA) also CubeCL's pool: bytes in use after the steps, and the most it reserved.
+    /// The step's time leaves out the flat update's gradient norm (the clipping's, which Burn's
+    /// adaptor does not take here), timed apart.
     OptimizerMemory {
         /// `cpu`, `flex` or `wgpu` (fused unless `--fusion off`).
         #[arg(long, default_value = "wgpu")]
