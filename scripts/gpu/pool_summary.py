@@ -121,6 +121,7 @@ def parse_layout(lines):
 
 def summarise(path, name):
     configured, requests, persistent_requests = [], [], []
+    sets = 1
     layouts, dump = [], None
 
     def close():
@@ -132,10 +133,19 @@ def summarise(path, name):
     for line in lines:
         if line.startswith(f"[{name}] Using memory pool"):
             m = POOL_OPTIONS.search(next(lines, ""))
+            pool = None
             if m and m[2]:
-                configured.append(Pool(int(m[2]), int(m[3])))
+                pool = Pool(int(m[2]), int(m[3]))
             elif m:
-                configured.append(Pool(None, int(m[4])))
+                pool = Pool(None, int(m[4]))
+            # CUDA keeps one pool set per stream, each configured alike and logged under the
+            # same name: the first set is the configuration, each repeat of its first pool one
+            # more set.
+            if pool is not None:
+                if configured and (pool.page, pool.largest) == (configured[0].page, configured[0].largest):
+                    sets += 1
+                elif sets == 1:
+                    configured.append(pool)
             continue
         if line.startswith("["):
             # A new log line ends the layout being read.
@@ -196,7 +206,7 @@ def summarise(path, name):
         })
     total = layout["summary"].get("reserved") if layout else None
     return {
-        "log": path, "name": name, "layouts": len(layouts),
+        "log": path, "name": name, "layouts": len(layouts), "pool_sets": sets,
         "pools": rows,
         "persistent": {**(layout["persistent"] if layout else {}), "requests": len(persistent_requests),
                        "largest_request_bytes": max(persistent_requests, default=0)},
@@ -208,7 +218,8 @@ def summarise(path, name):
 
 
 def table(s):
-    out = [f"{s['layouts']} page(s) taken; at the largest layout {fmt(s['reserved_bytes'] or 0)} reserved, "
+    sets = f" ({s['pool_sets']} sets of pools, one per stream: their logs mixed)" if s["pool_sets"] > 1 else ""
+    out = [f"{s['layouts']} page(s) taken{sets}; at the largest layout {fmt(s['reserved_bytes'] or 0)} reserved, "
            f"{fmt(s['in_use_bytes'] or 0)} in use; {s['requests']} buffers asked for, the largest "
            f"{fmt(s['largest_request_bytes'])}",
            "",
