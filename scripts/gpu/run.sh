@@ -293,6 +293,15 @@ step_cg() {
   ASRT_GRAD_NORMS="$work/cg-unit.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
     --out "$work/cg-unit" --device "$dev" --max-steps 3 --matmul simple-unit --init "$init" \
     || return $?
+  # The fused run with cubek's simple cyclic CMMA kernel for those products: the kernel Burn's
+  # unfused product runs on CUDA (TF32 tensor cores for f32), but written to a dense buffer of
+  # the trainer's, where Burn's own product writes rows padded to CUDA's pitch (a row of 96 f32
+  # takes 128) and fusion then reads them. Agreeing with the CPU's where the fused run does not
+  # puts the cause in the padded layout, not in the product's arithmetic. (Lavapipe has no CMMA:
+  # it falls back to Burn's product, so the fused run's bits.)
+  ASRT_GRAD_NORMS="$work/cg-dense.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
+    --out "$work/cg-dense" --device "$dev" --max-steps 3 --matmul simple-cyclic-cmma --init "$init" \
+    || return $?
   # The fused run again with the trainer's kernels' new buffers filled with NaN
   # (device_op::poisoned; the fused run above is without): the
   # same bits as the fused run unless a kernel reads an element no kernel wrote, which then

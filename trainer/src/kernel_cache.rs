@@ -8,7 +8,8 @@
 //! `--kernel-cache DIR`, else `ASRT_KERNEL_CACHE`, else `$XDG_CACHE_HOME/asrt/kernels`, else
 //! `$HOME/.cache/asrt/kernels`; `--kernel-cache off` (or the variable set to `off`) turns it off.
 //! A `cubecl.toml` in the working directory (CubeCL's own configuration file) still wins for
-//! whatever it sets.
+//! whatever it sets. The same configuration carries CubeCL's memory log, where `ASRT_MEMORY_LOG`
+//! names a file ([`log_memory`]).
 
 use std::path::{Path, PathBuf};
 
@@ -72,7 +73,7 @@ pub enum KernelCacheError {
 impl KernelCache {
     /// Makes the directory and sets CubeCL's process-wide configuration to use it, over
     /// `cubecl.toml` (if any) and CubeCL's environment variables, with the memory log
-    /// `ASRT_MEMORY_LOG` names, if any (`device_memory::log_memory`). CubeCL reads its configuration
+    /// `ASRT_MEMORY_LOG` names, if any ([`log_memory`]). CubeCL reads its configuration
     /// once, at the first kernel; when that has happened in this process already (an earlier
     /// run, or a test that ran kernels), the configuration stays as it is.
     pub fn install(&self) -> Result<(), KernelCacheError> {
@@ -104,9 +105,34 @@ impl KernelCache {
             }
             KernelCache::Off => config.compilation.cache = None,
         }
-        crate::train::device_memory::log_memory(&mut config, &|k| std::env::var(k).ok());
+        log_memory(&mut config, &|k| std::env::var(k).ok());
         CubeClRuntimeConfig::set(config);
         Ok(())
+    }
+}
+
+/// The variable naming a file for CubeCL's memory log (`ASRT_MEMORY_LOG=FILE`): every buffer
+/// the pool hands out, by size, and each time the pool takes a new page from the device, the
+/// layout of all its pools (page size, largest slice, every page and how full it is). The
+/// in-use and reserved figures say how much the pool keeps beyond the live buffers; this says
+/// which pool keeps it, and for which sizes (`scripts/gpu/pool_summary.py` reads it). It is set with the
+/// kernel cache, in CubeCL's process-wide configuration.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub const MEMORY_LOG: &str = "ASRT_MEMORY_LOG";
+
+/// Sets `config` to write CubeCL's memory log to the file `ASRT_MEMORY_LOG` names (overwritten),
+/// where `env` gives one that is not empty.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub fn log_memory(
+    config: &mut burn_cubecl::cubecl::config::CubeClRuntimeConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) {
+    use burn_cubecl::cubecl::config::memory::MemoryLogLevel;
+    if let Some(file) = env(MEMORY_LOG).filter(|f| !f.is_empty()) {
+        let logger = &mut config.memory.logger;
+        logger.level = MemoryLogLevel::Full;
+        logger.file = Some(file.into());
+        logger.append = false;
     }
 }
 

@@ -130,30 +130,6 @@ pub fn largest_buffer<D: 'static>(device: &D) -> Option<u64> {
     None
 }
 
-/// The variable naming a file for CubeCL's memory log (`ASRT_MEMORY_LOG=FILE`): every buffer
-/// the pool hands out, by size, and each time the pool takes a new page from the device, the
-/// layout of all its pools (page size, largest slice, every page and how full it is). The
-/// in-use and reserved figures say how much the pool keeps beyond the live buffers; this says
-/// which pool keeps it, and for which sizes (`scripts/gpu/pool_summary.py` reads it).
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub const MEMORY_LOG: &str = "ASRT_MEMORY_LOG";
-
-/// Sets `config` to write CubeCL's memory log to the file `ASRT_MEMORY_LOG` names (overwritten),
-/// where `env` gives one that is not empty.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub fn log_memory(
-    config: &mut burn_cubecl::cubecl::config::CubeClRuntimeConfig,
-    env: &dyn Fn(&str) -> Option<String>,
-) {
-    use burn_cubecl::cubecl::config::memory::MemoryLogLevel;
-    if let Some(file) = env(MEMORY_LOG).filter(|f| !f.is_empty()) {
-        let logger = &mut config.memory.logger;
-        logger.level = MemoryLogLevel::Full;
-        logger.file = Some(file.into());
-        logger.append = false;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ mod mel;
 mod model_source;
 mod nemo;
 mod out_of_memory;
+mod padded;
 mod parallel;
 mod plan_cli;
 mod precision;
