@@ -115,8 +115,8 @@ impl KernelCache {
 /// the pool hands out, by size, and each time the pool takes a new page from the device, the
 /// layout of all its pools (page size, largest slice, every page and how full it is). The
 /// in-use and reserved figures say how much the pool keeps beyond the live buffers; this says
-/// which pool keeps it, and for which sizes (`scripts/gpu/pool_summary.py` reads it). It is set with the
-/// kernel cache, in CubeCL's process-wide configuration.
+/// which pool keeps it, and for which sizes (`scripts/gpu/pool_summary.py` reads it). It is set
+/// with the kernel cache, in CubeCL's process-wide configuration.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub const MEMORY_LOG: &str = "ASRT_MEMORY_LOG";
 
@@ -160,5 +160,26 @@ mod tests {
             KernelCache::Dir("/h/.cache/asrt/kernels".into())
         );
         assert_eq!(r(None, &[]), KernelCache::Off);
+    }
+
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    #[test]
+    fn the_memory_log_is_on_only_where_the_variable_names_a_file() {
+        use burn_cubecl::cubecl::config::memory::MemoryLogLevel;
+        use burn_cubecl::cubecl::config::CubeClRuntimeConfig;
+        let set = |vars: &[(&str, &str)]| {
+            let mut c = CubeClRuntimeConfig::default();
+            log_memory(&mut c, &env(vars));
+            c.memory.logger
+        };
+        let on = set(&[(MEMORY_LOG, "/tmp/m.log")]);
+        assert!(matches!(on.level, MemoryLogLevel::Full));
+        assert_eq!(on.file.as_deref(), Some(Path::new("/tmp/m.log")));
+        assert!(!on.append, "a run's log starts empty");
+        for vars in [&[(MEMORY_LOG, "")][..], &[]] {
+            let off = set(vars);
+            assert!(matches!(off.level, MemoryLogLevel::Disabled));
+            assert!(off.file.is_none());
+        }
     }
 }
