@@ -12,6 +12,9 @@ import re
 import statistics
 import sys
 
+# The memory log's summary formats its sizes; d's verdict shows them the same way.
+from pool_summary import fmt
+
 # Largest errors the TDT kernels may show against the float64 path on the same (rounded)
 # logits. The kernels accumulate the lattice's log-probabilities (alpha, beta) in f32 whatever
 # the logits' type: each of the T + U steps to a node rounds at the scale of the cost, so the
@@ -251,9 +254,10 @@ def grad_norm_cause(figures, bound=1e-2):
 
 
 def check_grad_norms(rc, log, work):
-    """cg: each step's gradient norm, fused, unfused, with the unit matmul kernel and with Burn's kernel writing dense rows, against the
-    CPU reference's, the parameters whose norms differ most from the CPU run's, and the fused run
-    again with poisoned buffers (the same bits, or a kernel reads what no kernel wrote)."""
+    """cg: each step's gradient norm, fused, unfused, with the unit matmul kernel and with Burn's
+    kernel writing dense rows, against the CPU reference's, the parameters whose norms differ most
+    from the CPU run's, and the fused run again with poisoned buffers (the same bits, or a kernel
+    reads what no kernel wrote)."""
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
     runs = {k: metrics(os.path.join(work, f"cg-{k}", "metrics.jsonl"))
@@ -372,10 +376,8 @@ def check_train_big(rc, log, work, name="d"):
                                   "reserved_bytes": p["reserved_bytes"], "in_use_bytes": p["in_use_bytes"],
                                   "largest_request_bytes": p["largest_request_bytes"]} for p in taken]
         figures["pool_largest_request_bytes"] = layout["largest_request_bytes"]
-        def size(n):
-            return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
-        pages = ", ".join(f"{p['pages']} x {size(p['page_bytes'])}" for p in taken if p["page_bytes"])
-        pool_s += f"; pages: {pages or 'none'} (largest buffer asked {size(layout['largest_request_bytes'])})"
+        pages = ", ".join(f"{p['pages']} x {fmt(p['page_bytes'])}" for p in taken if p["page_bytes"])
+        pool_s += f"; pages: {pages or 'none'} (largest buffer asked {fmt(layout['largest_request_bytes'])})"
     save(work, name, figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
     mem_s += pool_s

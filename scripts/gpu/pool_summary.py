@@ -83,25 +83,17 @@ def parse_layout(lines):
         m = SLICED.match(line)
         if m:
             current = {"kind": "sliced", "page": size(m[1], m[2]), "largest": size(m[3], m[4]), "pages": 0,
-                       "slices": 0, "full": 0.0, "reserved": 0.0, "in_use": 0.0}
+                       "reserved": 0.0, "in_use": 0.0}
             pools.append(current)
             continue
         m = EXCLUSIVE.match(line)
         if m:
             current = {"kind": "exclusive", "page": None, "largest": size(m[1], m[2]), "pages": 0,
-                       "slices": 0, "full": 0.0, "reserved": 0.0, "in_use": 0.0}
+                       "reserved": 0.0, "in_use": 0.0}
             pools.append(current)
             continue
-        m = SLICED_PAGE.match(line)
-        if m and current is not None:
+        if (SLICED_PAGE.match(line) or EXCLUSIVE_PAGE.match(line)) and current is not None:
             current["pages"] += 1
-            current["slices"] += int(m[1])
-            current["full"] += size(m[4], m[5])
-            continue
-        m = EXCLUSIVE_PAGE.match(line)
-        if m and current is not None:
-            current["pages"] += 1
-            current["slices"] += 1
             continue
         m = PERSISTENT_SLICES.match(line)
         if m and section == "Persistent":
