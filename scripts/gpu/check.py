@@ -234,14 +234,18 @@ def rel_diff(got, want):
     return abs(got - want) / max(abs(want), 1e-30)
 
 
-def grad_norm_cause(figures, bound=1e-2):
-    """cg's reading of which runs agree with the CPU run (|g| within `bound` at steps 1-3;
-    lavapipe: 1.5e-3 at most): fused (Burn's products, fused), unfused, unit (the plain product
-    kernel, dense output), dense (Burn's CUDA product kernel, dense output)."""
-    good = {k: all(x <= bound for x in f.get("grad_norm_rel_diff_vs_cpu", [1.0]))
+def grad_norm_cause(figures, bound=2e-3):
+    """cg's reading of which runs agree with the CPU run: fused (Burn's products, fused),
+    unfused, unit (the plain product kernel, dense output), dense (Burn's CUDA product kernel,
+    dense output). Step 1 alone decides: the same weights and batch, only the arithmetic
+    differs (lavapipe: 4.4e-4 at most, an H200's unfused run 3.2e-5; `bound` is 5x lavapipe's).
+    Later steps differ wherever step 1 did a little, since AdamW divides each gradient by its
+    own scale: on the H200 (2026-11-29) the unfused run was 3.2e-5 off at step 1 and 1.2e-2 at
+    step 3."""
+    good = {k: f.get("grad_norm_rel_diff_vs_cpu", [1.0])[0] <= bound
             for k, f in figures.items() if k in ("fused", "unfused", "unit", "dense")}
     if all(good.values()):
-        return "none: every run agrees with the CPU run"
+        return "none: every run agrees with the CPU run at step 1"
     if not good["fused"] and good["dense"] and good["unit"]:
         return ("the products' output layout: Burn's product (rows padded to CUDA's pitch) differs, "
                 "the same kernel writing dense rows agrees" + ("" if good["unfused"] else "; unfused differs too"))
@@ -277,10 +281,13 @@ def check_grad_norms(rc, log, work):
         rel = [rel_diff(g, r["grad_norm"]) for g, r in zip(f["grad_norms"], reference)]
         loss = [rel_diff(g, r["loss"]) for g, r in zip(f["losses"], reference)]
         f["grad_norm_rel_diff_vs_cpu"], f["loss_rel_diff_vs_cpu"] = rel, loss
-        # Step 1: the same weights and batch, only arithmetic differs (lavapipe: 4.4e-4).
-        ok = ok and len(rel) == 3 and rel[0] <= 1e-2
-        note = f"{k}: |g| vs the CPU run " + ", ".join(f"{x:.1e}" for x in rel)
+        # Step 1: the same weights and batch, only arithmetic differs (lavapipe: 4.4e-4; the
+        # bound is grad_norm_cause's). Each parameter's norm too (lavapipe: 5.1e-3 at most, the
+        # bound 10x): on an H200 the LSTM's read of padding left the global norm within 3.2e-5
+        # and its parameters' norms 25-110 % off.
         worst = worst_parameters(mine.get(1, {}), cpu.get(1, {}), 3)
+        ok = ok and len(rel) == 3 and rel[0] <= 2e-3 and all(r <= 5e-2 for r, _, _, _ in worst)
+        note = f"{k}: |g| vs the CPU run " + ", ".join(f"{x:.1e}" for x in rel)
         note += "; step 1's most different norms: " + ", ".join(f"{name} {r:.1e}" for r, name, _, _ in worst)
         parts.append(note)
     # The poisoned run (new kernel buffers filled with NaN) must be the fused run bit for bit.

@@ -34,6 +34,14 @@ fn row_grid(rows: usize) -> CubeCount {
 }
 
 /// Checks a u32 kernel argument.
+/// A copy of `t` in a new dense buffer (row-major, no padding), whatever the runtime's layout
+/// for new tensors (CUDA's is pitched).
+fn dense_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let (client, device, dtype) = (t.client.clone(), t.device.clone(), t.dtype);
+    let out = cubecl::std::tensor::into_contiguous(&client, t.binding(), dtype.into());
+    CubeTensor::new(client, out.handle, *out.metadata, device, dtype)
+}
+
 fn as_u32(what: &'static str, v: usize) -> Result<u32, TdtError> {
     u32::try_from(v).map_err(|_| TdtError::TooLargeForKernel { what, value: v })
 }
@@ -182,8 +190,10 @@ fn forward<R: CubeRuntime, E: Float + CubeElement>(
     if !want_grad {
         return Ok((costs, None));
     }
-    // The gradient overwrites the logits: in place when this is their only reference.
-    let grad = if in_place { logits } else { logits.copy() };
+    // The gradient overwrites the logits: in place when this is their only reference, else in
+    // a dense copy (not `CubeTensor::copy`, whose buffer CUDA pitches: rows of 1030 values in
+    // 1152, which the kernel, indexing densely, would write at the wrong places).
+    let grad = if in_place { logits } else { dense_copy(logits) };
     // SAFETY: as above; `grad` is contiguous with rows x width elements.
     unsafe {
         tdt_grad::launch_unchecked::<E, R>(

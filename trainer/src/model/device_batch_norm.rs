@@ -261,6 +261,10 @@ where
 
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
         let Saved { x, gamma, stats } = saved;
+        // Under fusion the saved tensors are the operation's own inputs again, resolved: on
+        // CUDA a tensor Burn made may have pitched rows (a row of 96 f32 in 128), and
+        // the kernels index densely. A dense tensor passes through without a copy.
+        let (x, gamma, stats) = (contiguous(x), contiguous(gamma), contiguous(stats));
         let dims = x.shape().to_vec();
         let channels = dims.last().copied().unwrap_or(1);
         let units = dims.iter().product::<usize>();

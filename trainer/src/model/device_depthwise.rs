@@ -207,6 +207,10 @@ where
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let Saved { x, weight } = saved;
+        // Under fusion the saved tensors are the operation's own inputs again, resolved: on
+        // CUDA a tensor Burn made may have pitched rows (a weight of [9, 96] in rows of 128), and
+        // the kernels index densely. A dense tensor passes through without a copy.
+        let (x, weight) = (contiguous(x), contiguous(weight));
         let [b, t, c] = x.shape().dims::<3>();
         let k = weight.shape().dims::<2>()[0];
         let dy = contiguous(dy);

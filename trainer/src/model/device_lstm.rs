@@ -99,6 +99,10 @@ pub fn lstm_step(
         let at = row * h as usize + j as usize;
         cells[at] = c;
         out[at] = y;
+        if t == 0 {
+            // Step 0's input is the zero state.
+            prev[at] = 0.0;
+        }
         if t + 1 < steps {
             prev[at + h as usize] = y;
         }
@@ -148,7 +152,11 @@ pub fn lstm_step_back(
         if t > 0 {
             c_prev = cells[at - h as usize];
         }
-        let d_c = dc[pos as usize] + d_y * o * (1.0 - tc * tc);
+        // The carried cell gradient, zero at the last step (nothing carries into it).
+        let mut d_c = d_y * o * (1.0 - tc * tc);
+        if t + 1 < steps {
+            d_c += dc[pos as usize];
+        }
         dc[pos as usize] = d_c * f;
         let d_i = d_c * g * i * (1.0 - i);
         let d_f = d_c * c_prev * f * (1.0 - f);
@@ -205,8 +213,11 @@ where
         let acts = empty(vec![b, s, h4]);
         let cells = empty(vec![b, s, h]);
         let out = empty(vec![b, s, h]);
-        // Step 0's input is the zero state: the first row of each utterance stays zero.
-        let prev = Tensor::<Self, 3>::zeros([b, s, h], &device).into_primitive().tensor();
+        // Written by the kernel, step 0's row (the zero state) included. Not Burn's `zeros`: on
+        // CUDA that tensor's rows are pitched (a row of 96 f32 takes 128, the padding never
+        // written), while the kernel indexes every buffer densely; that read the padding's
+        // garbage and wrote rows to the wrong place (the GPU kit's cg on an H200, 2026-11-29).
+        let prev = empty(vec![b, s, h]);
         // What the kernel is given where it reads nothing (the product before step 0): a buffer
         // of its own, never one of the others (wgpu refuses a buffer bound twice for writing).
         let unused = empty(vec![1]);
@@ -255,7 +266,8 @@ where
         let empty = |dims: Vec<usize>| empty::<R>(&client, &device, dims);
         let dxin = empty(vec![b, s, h4]);
         let unused = empty(vec![1]);
-        let dc = Tensor::<Self, 2>::zeros([b, h], &device).into_primitive().tensor();
+        // Dense and written before it is read (the last step starts it), as `prev` above.
+        let dc = empty(vec![b, h]);
         let w_t = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(weight)).transpose();
         let units = (b * h) as u32;
         let mut dh: Option<CubeTensor<R>> = None;

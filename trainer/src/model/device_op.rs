@@ -4,8 +4,11 @@
 //!
 //! Invariants: a grid is at most 65,535 cubes along x (wgpu's limit) and spills into y; a
 //! kernel finds its unit with [`unit_index`] (one unit per element) or its cube with
-//! [`cube_index`] (one cube per row), and returns at once past its count. Buffers from
-//! [`empty`] are not initialised: the kernel writing them writes every element read later.
+//! [`cube_index`] (one cube per row), and returns at once past its count. A kernel indexes its
+//! buffers densely, so it takes inputs through [`contiguous`] and writes only buffers of
+//! [`empty`], never a tensor Burn made (`Tensor::zeros` and products are pitched on CUDA: a
+//! row of 96 f32 in 128, the padding never written). Buffers from [`empty`] are not
+//! initialised: the kernel writing them writes every element read later.
 //! Under autodiff each operation is one node whose parents are its inputs, in order.
 
 use std::fmt::Debug;
@@ -274,5 +277,90 @@ mod tests {
             .unwrap();
         assert_eq!(values.len(), 1000);
         assert!(values.iter().all(|v| v.is_nan()), "{:?}", &values[..8]);
+    }
+
+    type Fused = burn_fusion::Fusion<burn::backend::Wgpu>;
+    type Ad = Autodiff<Fused>;
+
+    /// `values` (`rows` x `width`, row-major) as a tracked tensor whose rows sit `pitch` apart
+    /// in its buffer, the padding 1e6: the layout cubecl-cuda gives a tensor Burn makes (a row
+    /// of 96 f32 in 128), made by hand on wgpu, which lays every tensor out dense. Dense where
+    /// `pitch` is `width`.
+    fn rows(values: &[f32], rows: usize, width: usize, pitch: usize) -> Tensor<Ad, 2> {
+        let device = Default::default();
+        let data = burn::tensor::TensorData::new(values.to_vec(), [rows, width]);
+        let dense = Tensor::<burn::backend::Wgpu, 2>::from_floats(data, &device);
+        let prim: CubeTensor<WgpuRuntime> = dense.into_primitive().tensor();
+        let mut buffer = vec![1.0e6f32; rows * pitch];
+        for r in 0..rows {
+            buffer[r * pitch..r * pitch + width]
+                .copy_from_slice(&values[r * width..(r + 1) * width]);
+        }
+        let bytes: Vec<u8> = buffer.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let handle = prim.client.create_from_slice(&bytes);
+        let mut meta = (*prim.meta).clone();
+        meta.strides[0] = pitch;
+        let t = CubeTensor::new(prim.client.clone(), handle, meta, prim.device.clone(), DType::F32);
+        let like = Tensor::<Fused, 2>::zeros([1, 1], &device).into_primitive().tensor();
+        let fused = asr_tdt::fusion::adopt::<burn::backend::Wgpu>(&like.client, t);
+        Tensor::<Ad, 2>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(fused)))
+            .require_grad()
+    }
+
+    /// `values` of `dims`, tracked.
+    fn tracked<const D: usize>(values: &[f32], dims: [usize; D]) -> Tensor<Ad, D> {
+        let data = burn::tensor::TensorData::new(values.to_vec(), dims);
+        Tensor::<Ad, D>::from_floats(data, &Default::default()).require_grad()
+    }
+
+    fn host<const D: usize>(t: Option<Tensor<Fused, D>>) -> Vec<f32> {
+        t.expect("tracked").into_data().into_vec::<f32>().unwrap()
+    }
+
+    /// Under fusion an operation saves its inputs and resolves them again for the backward, not
+    /// the dense copies its forward made. A weight Burn made on CUDA (`tiny`'s depthwise
+    /// `[9, 96]`, rows of 128) reached the backward kernels pitched while they index densely, and
+    /// the gradients into the first layer's convolution module came out wrong (the GPU kit's cg
+    /// on an H200, 2026-11-29). With a pitched input each operation's gradients must be the
+    /// dense input's, bit for bit.
+    #[test]
+    fn fused_backwards_read_a_pitched_input_as_a_dense_one() {
+        use super::super::{device_depthwise, device_layer_norm};
+        let (b, t, c, k) = (2usize, 5usize, 96usize, 9usize);
+        let xs: Vec<f32> = (0..b * t * c).map(|i| ((i * 37) % 101) as f32 * 0.02 - 1.0).collect();
+        let ws: Vec<f32> = (0..k * c).map(|i| ((i * 13) % 29) as f32 * 0.05 - 0.7).collect();
+        let vs: Vec<f32> = (0..c).map(|i| i as f32 * 0.01 - 0.3).collect();
+        let rs: Vec<f32> = (0..b * t * c).map(|i| ((i * 7) % 23) as f32 * 0.1 - 1.1).collect();
+        let depthwise = |pitch: usize| {
+            let (x, w, bias) = (tracked(&xs, [b, t, c]), rows(&ws, k, c, pitch), tracked(&vs, [c]));
+            let y = device_depthwise::on_device(&x, &w, &bias).expect("on wgpu");
+            let grads = (y * tracked(&rs, [b, t, c])).sum().backward();
+            [
+                host(x.grad(&grads).map(|g| g.reshape([b * t, c]))),
+                host(w.grad(&grads)),
+                host(bias.grad(&grads)),
+            ]
+        };
+        let layer_norm = |pitch: usize| {
+            let (x, gamma, beta) =
+                (rows(&xs, b * t, c, pitch), tracked(&ws[..c], [c]), tracked(&vs, [c]));
+            let y = device_layer_norm::on_device(&x, &gamma, Some(&beta), 1e-5).expect("on wgpu");
+            let grads = (y * tracked(&rs, [b * t, c])).sum().backward();
+            [host(x.grad(&grads)), host(gamma.grad(&grads)), host(beta.grad(&grads))]
+        };
+        let mut failures = Vec::new();
+        for (op, pitched, dense) in [
+            ("depthwise", depthwise(128), depthwise(c)),
+            ("layer norm", layer_norm(128), layer_norm(c)),
+        ] {
+            for ((what, p), d) in ["input", "weight", "bias"].iter().zip(&pitched).zip(&dense) {
+                let wrong = p.iter().zip(d).filter(|(x, y)| x != y).count();
+                eprintln!("{op}, {what} gradient: {wrong} of {} elements differ", p.len());
+                if wrong > 0 {
+                    failures.push(format!("{op}, {what} gradient: {wrong} of {} differ", p.len()));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{failures:#?}");
     }
 }

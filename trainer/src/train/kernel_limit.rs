@@ -10,6 +10,11 @@
 //! with the same gradients up to the order of f32 sums; only one utterance too large for a
 //! kernel is an error.
 //!
+//! The same parts keep the joint's tensors inside the memory pool's shared pages
+//! ([`pool_bound`]): on an H200 one micro-batch's logits of 600 MB, just over the 586 MB that
+//! CubeCL's 2.35 GB pages take, got a 9.38 GB page of their own, which the pool then kept for
+//! the run with nothing in it at the peak (bench/RESULTS.md, 2026-11-29, 18:28 session).
+//!
 //! Before the joint, the encoder's largest tensor is its first subsampling convolution's output,
 //! `[B, C, frames / 2, features / 2]` (the same H100 micro-batch: `[400, 256, 1001, 64]`, 6.6e9
 //! elements, whose 24.4 GiB allocation failed first). That one cannot be split without changing
@@ -87,16 +92,46 @@ pub fn check_subsampling(
     })
 }
 
+/// The largest buffer a joint call should ask of CubeCL's memory pool whose largest page is
+/// `max_page` bytes (`device_memory::largest_buffer`), or `None` where no bound is worth parts.
+///
+/// Why: CubeCL 0.10's default pools (`MemoryConfiguration::SubSlices`) take pages of
+/// `max_page / 4^k` for pool `k`, each slicing buffers of up to `page / 2^k`, and a buffer goes
+/// to the smallest pool that holds it. Pool 2's pages (2.35 GB on an H200, a sixteenth of the
+/// largest) hold buffers of up to `max_page / 64` (586 MB), four or more to a page; a buffer
+/// just over that goes to pool 1, whose page (`max_page / 4`, 9.38 GB) it holds alone, and the
+/// pool keeps the page. Where that page is under 1 GiB (lavapipe's is 32 MiB) the waste is not
+/// worth running the joint in parts.
+pub fn pool_bound(max_page: u64) -> Option<u64> {
+    (max_page / 4 >= 1 << 30).then_some(max_page / 64)
+}
+
+/// The bytes of a row of `width` f32 values as CUDA lays a new tensor out: rows padded to a
+/// multiple of the row's size rounded up to a power of two, at most 512 bytes
+/// (cubecl-cuda 0.10's `PitchedMemoryLayoutPolicy`: 1030 values take 4,608 bytes, not 4,120).
+/// wgpu's rows are dense; counting them pitched overestimates there by under 12.5 %.
+pub fn pitched_row_bytes(width: usize) -> u64 {
+    let bytes = width as u64 * 4;
+    if bytes == 0 {
+        return 0;
+    }
+    bytes.next_multiple_of(bytes.next_power_of_two().min(512))
+}
+
 /// Utterances per joint call for a micro-batch of `batch` utterances padded to `frames` encoder
 /// frames and `positions` target positions, through a joint `width` wide: `configured`
 /// (`train.fused_batch_size`; 0 or at least `batch`: the whole micro-batch) lowered to what
-/// keeps the joint's tensors under [`MAX_ELEMENTS`].
+/// keeps the joint's tensors under [`MAX_ELEMENTS`] and, where `max_bytes` is given
+/// ([`pool_bound`]), under that many bytes with pitched rows ([`pitched_row_bytes`]). A part
+/// lowered for bytes is balanced: 11 utterances of which 10 fit go as two parts of 6 and 5, not
+/// 10 and 1. One utterance over `max_bytes` runs alone (the bound saves memory; it is no limit).
 pub fn utterances_per_call(
     frames: usize,
     positions: usize,
     width: usize,
     configured: usize,
     batch: usize,
+    max_bytes: Option<u64>,
 ) -> Result<usize, KernelLimitError> {
     let per_utterance = frames as u64 * positions as u64 * width as u64;
     if per_utterance > MAX_ELEMENTS {
@@ -109,7 +144,18 @@ pub fn utterances_per_call(
     }
     let wanted = if configured == 0 { batch } else { configured.min(batch) };
     let fits = MAX_ELEMENTS.checked_div(per_utterance).unwrap_or(u64::MAX);
-    Ok(usize::try_from(fits).unwrap_or(usize::MAX).min(wanted).max(1))
+    let part = usize::try_from(fits).unwrap_or(usize::MAX).min(wanted).max(1);
+    let Some(max_bytes) = max_bytes else { return Ok(part) };
+    let bytes = frames as u64 * positions as u64 * pitched_row_bytes(width);
+    let fits = usize::try_from(max_bytes.checked_div(bytes).unwrap_or(u64::MAX))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if fits >= part {
+        return Ok(part);
+    }
+    // The fewest parts of at most `fits`, evened out.
+    let parts = batch.div_ceil(fits);
+    Ok(batch.div_ceil(parts))
 }
 
 #[cfg(test)]
@@ -118,27 +164,27 @@ mod tests {
 
     #[test]
     fn the_whole_micro_batch_when_it_fits() {
-        assert_eq!(utterances_per_call(250, 81, 1030, 0, 8), Ok(8));
-        assert_eq!(utterances_per_call(250, 81, 1030, 3, 8), Ok(3));
-        assert_eq!(utterances_per_call(250, 81, 1030, 20, 8), Ok(8));
-        assert_eq!(utterances_per_call(0, 1, 1030, 0, 4), Ok(4));
+        assert_eq!(utterances_per_call(250, 81, 1030, 0, 8, None), Ok(8));
+        assert_eq!(utterances_per_call(250, 81, 1030, 3, 8, None), Ok(3));
+        assert_eq!(utterances_per_call(250, 81, 1030, 20, 8, None), Ok(8));
+        assert_eq!(utterances_per_call(0, 1, 1030, 0, 4, None), Ok(4));
     }
 
     #[test]
     fn parts_under_the_kernel_limit() {
         // The H100 run's micro-batch: 251 x 81 x 640 = 13,011,840 elements an utterance, so 330
         // utterances per call (4,294,967,295 / 13,011,840 = 330.08).
-        let part = utterances_per_call(251, 81, 640, 0, 400).unwrap();
+        let part = utterances_per_call(251, 81, 640, 0, 400, None).unwrap();
         assert_eq!(part, 330);
         assert!(part as u64 * 251 * 81 * 640 <= MAX_ELEMENTS);
         assert!((part as u64 + 1) * 251 * 81 * 640 > MAX_ELEMENTS);
         // A configured part below the limit stays.
-        assert_eq!(utterances_per_call(251, 81, 640, 100, 400), Ok(100));
+        assert_eq!(utterances_per_call(251, 81, 640, 100, 400, None), Ok(100));
     }
 
     #[test]
     fn one_utterance_too_large_is_an_error() {
-        let e = utterances_per_call(5000, 1001, 1030, 0, 1).unwrap_err();
+        let e = utterances_per_call(5000, 1001, 1030, 0, 1, None).unwrap_err();
         assert!(matches!(e, KernelLimitError::JointUtterance { elements, .. }
             if elements == 5000 * 1001 * 1030));
         assert!(
@@ -146,7 +192,31 @@ mod tests {
             "{e}"
         );
         // Exactly at the limit still runs.
-        assert_eq!(utterances_per_call(1, 1, MAX_ELEMENTS as usize, 0, 2), Ok(1));
+        assert_eq!(utterances_per_call(1, 1, MAX_ELEMENTS as usize, 0, 2, None), Ok(1));
+    }
+
+    #[test]
+    fn parts_inside_the_pool_s_shared_pages() {
+        // An H200's largest page (bench/RESULTS.md): pool 2's slices of 586 MB.
+        let max_page = 37_527_470_080;
+        let bound = pool_bound(max_page);
+        assert_eq!(bound, Some(586_366_720));
+        // lavapipe's (128 MiB): no parts for memory.
+        assert_eq!(pool_bound(128 << 20), None);
+        // The rows of the 0.6B joint's 1030 outputs, pitched; 640 and 96 x 4 bytes.
+        assert_eq!(pitched_row_bytes(1030), 4608);
+        assert_eq!(pitched_row_bytes(640), 2560);
+        assert_eq!(pitched_row_bytes(96), 512);
+        assert_eq!(pitched_row_bytes(1024), 4096);
+        // The H200 run's step 3: 11 utterances, 148 frames, 80 positions; 600,145,920 bytes
+        // whole, 10 fit under the bound, so two parts of 6 and 5.
+        assert_eq!(11 * 148 * 80 * pitched_row_bytes(1030), 600_145_920);
+        assert_eq!(utterances_per_call(148, 80, 1030, 0, 11, bound), Ok(6));
+        assert!(6 * 148 * 80 * pitched_row_bytes(1030) <= bound.unwrap());
+        // Step 1's 565 MB fit whole; a configured part stays; one utterance over runs alone.
+        assert_eq!(utterances_per_call(143, 78, 1030, 0, 11, bound), Ok(11));
+        assert_eq!(utterances_per_call(148, 80, 1030, 3, 11, bound), Ok(3));
+        assert_eq!(utterances_per_call(2000, 300, 1030, 0, 4, bound), Ok(1));
     }
 
     #[test]

@@ -553,16 +553,19 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     }
 
     /// Utterances per joint call for `e` ([`kernel_limit::utterances_per_call`]), `configured`
-    /// lowered to what a kernel can launch over.
+    /// lowered to what a kernel can launch over and to what the memory pool's shared pages hold
+    /// ([`kernel_limit::pool_bound`]; on CubeCL devices whose largest page is 4 GiB or more).
     fn joint_part(&self, e: &Encoded<B>, configured: usize) -> Result<usize, TrainError> {
         let [b, frames, _] = e.enc.dims();
         let [_, positions, _] = e.pred.dims();
+        let pool = device_memory::largest_buffer(&self.device).and_then(kernel_limit::pool_bound);
         Ok(kernel_limit::utterances_per_call(
             frames,
             positions,
             self.model.joint.widest(),
             configured,
             b,
+            pool,
         )?)
     }
 
