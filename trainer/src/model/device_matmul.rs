@@ -12,7 +12,8 @@
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors, where a kernel other than [`Kernel::Burn`] is chosen;
 //! Burn's `matmul` elsewhere. A kernel the device cannot run (CMMA on lavapipe, TMA before
-//! Hopper) falls back to Burn's product, saying so once.
+//! Hopper, TMA on rows not a multiple of 16 bytes) falls back to Burn's product for that product,
+//! saying so once per product and weight shape.
 //!
 //! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
 //! 10-bit mantissa on CUDA's tensor cores); the input's gradient is computed only where the
@@ -57,17 +58,32 @@ fn strategy(kernel: Kernel) -> Option<Strategy> {
     })
 }
 
-/// Kernels that failed to launch, each reported once.
-static REPORTED: Mutex<Vec<Kernel>> = Mutex::new(Vec::new());
+/// Which of a linear layer's three products, and its weight's shape `[in, out]`: where a kernel
+/// falls back, the warning names it (on an H200 TMA refused some of the 0.6B step's products,
+/// "strides aligned to 16 bytes", and the log did not say which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Site {
+    /// `forward`, `input gradient` or `weight gradient`.
+    pub form: &'static str,
+    /// The weight's `[in, out]`.
+    pub weight: [usize; 2],
+}
 
-/// Says once per kernel that it could not run here and Burn's product is used instead.
-fn report_fallback(kernel: Kernel, why: &str) {
+/// Kernels and sites that failed to launch, each reported once.
+static REPORTED: Mutex<Vec<(Kernel, Site)>> = Mutex::new(Vec::new());
+
+/// Says once per kernel and site that it could not run there and Burn's product is used
+/// instead.
+fn report_fallback(kernel: Kernel, site: Site, why: &str) {
     let Ok(mut seen) = REPORTED.lock() else { return };
-    if !seen.contains(&kernel) {
-        seen.push(kernel);
+    if !seen.contains(&(kernel, site)) {
+        seen.push((kernel, site));
+        let [i, o] = site.weight;
         eprintln!(
-            "warning: --matmul {}: cannot run on this device ({why}); Burn's product is used",
-            kernel.name()
+            "warning: --matmul {}: cannot run the {} product of a [{i}, {o}] weight on this \
+             device ({why}); Burn's product is used there",
+            kernel.name(),
+            site.form
         );
     }
 }
@@ -82,12 +98,17 @@ pub trait DeviceMatmul: Backend {
         kernel: Kernel,
     ) -> Result<FloatTensor<Self>, String>;
 
-    /// [`Self::try_product`], else Burn's product (reporting why once).
-    fn product(a: FloatTensor<Self>, b: FloatTensor<Self>, kernel: Kernel) -> FloatTensor<Self> {
+    /// [`Self::try_product`], else Burn's product (reporting why once per site).
+    fn product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        kernel: Kernel,
+        site: Site,
+    ) -> FloatTensor<Self> {
         match Self::try_product(a.clone(), b.clone(), kernel) {
             Ok(y) => y,
             Err(why) => {
-                report_fallback(kernel, &why);
+                report_fallback(kernel, site, &why);
                 Self::float_matmul(a, b)
             }
         }
@@ -183,15 +204,20 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Product {
         dy: FloatTensor<B>,
         [want_x, want_w]: [bool; 2],
     ) -> [Option<FloatTensor<B>>; 2] {
-        let dx = want_x.then(|| B::product(dy.clone(), B::float_transpose(w), self.0));
-        let dw = want_w.then(|| B::product(B::float_transpose(x), dy, self.0));
+        let weight = w.shape().dims::<2>();
+        let site = |form| Site { form, weight };
+        let dx = want_x
+            .then(|| B::product(dy.clone(), B::float_transpose(w), self.0, site("input gradient")));
+        let dw =
+            want_w.then(|| B::product(B::float_transpose(x), dy, self.0, site("weight gradient")));
         [dx, dw]
     }
 }
 
 impl<B: DeviceMatmul> DeviceOp<B, 2> for Product {
     fn forward(&self, [x, w]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, Self::Saved) {
-        (B::product(x.clone(), w.clone(), self.0), (x, w))
+        let site = Site { form: "forward", weight: w.shape().dims::<2>() };
+        (B::product(x.clone(), w.clone(), self.0, site), (x, w))
     }
 }
 
@@ -223,7 +249,8 @@ fn on_device<B: Backend>(
         },
         {
             let (x, w) = (cast::<_, Tensor<T, 2>>(x.clone())?, cast::<_, Tensor<T, 2>>(w.clone())?);
-            let y = T::product(float(x), float(w), kernel);
+            let site = Site { form: "forward", weight: w.dims() };
+            let y = T::product(float(x), float(w), kernel, site);
             cast(Tensor::<T, 2>::from_primitive(TensorPrimitive::Float(y)))
         }
     );
