@@ -33,7 +33,6 @@ fn row_grid(rows: usize) -> CubeCount {
     CubeCount::Static(x as u32, y as u32, 1)
 }
 
-/// Checks a u32 kernel argument.
 /// A copy of `t` in a new dense buffer (row-major, no padding), whatever the runtime's layout
 /// for new tensors (CUDA's is pitched).
 fn dense_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
@@ -42,6 +41,7 @@ fn dense_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     CubeTensor::new(client, out.handle, *out.metadata, device, dtype)
 }
 
+/// Checks a u32 kernel argument.
 fn as_u32(what: &'static str, v: usize) -> Result<u32, TdtError> {
     u32::try_from(v).map_err(|_| TdtError::TooLargeForKernel { what, value: v })
 }

@@ -286,7 +286,7 @@ mod tests {
     /// in its buffer, the padding 1e6: the layout cubecl-cuda gives a tensor Burn makes (a row
     /// of 96 f32 in 128), made by hand on wgpu, which lays every tensor out dense. Dense where
     /// `pitch` is `width`.
-    fn rows(values: &[f32], rows: usize, width: usize, pitch: usize) -> Tensor<Ad, 2> {
+    fn pitched_rows(values: &[f32], rows: usize, width: usize, pitch: usize) -> Tensor<Ad, 2> {
         let device = Default::default();
         let data = burn::tensor::TensorData::new(values.to_vec(), [rows, width]);
         let dense = Tensor::<burn::backend::Wgpu, 2>::from_floats(data, &device);
@@ -332,7 +332,8 @@ mod tests {
         let vs: Vec<f32> = (0..c).map(|i| i as f32 * 0.01 - 0.3).collect();
         let rs: Vec<f32> = (0..b * t * c).map(|i| ((i * 7) % 23) as f32 * 0.1 - 1.1).collect();
         let depthwise = |pitch: usize| {
-            let (x, w, bias) = (tracked(&xs, [b, t, c]), rows(&ws, k, c, pitch), tracked(&vs, [c]));
+            let (x, w, bias) =
+                (tracked(&xs, [b, t, c]), pitched_rows(&ws, k, c, pitch), tracked(&vs, [c]));
             let y = device_depthwise::on_device(&x, &w, &bias).expect("on wgpu");
             let grads = (y * tracked(&rs, [b, t, c])).sum().backward();
             [
@@ -343,7 +344,7 @@ mod tests {
         };
         let layer_norm = |pitch: usize| {
             let (x, gamma, beta) =
-                (rows(&xs, b * t, c, pitch), tracked(&ws[..c], [c]), tracked(&vs, [c]));
+                (pitched_rows(&xs, b * t, c, pitch), tracked(&ws[..c], [c]), tracked(&vs, [c]));
             let y = device_layer_norm::on_device(&x, &gamma, Some(&beta), 1e-5).expect("on wgpu");
             let grads = (y * tracked(&rs, [b * t, c])).sum().backward();
             [host(x.grad(&grads)), host(gamma.grad(&grads)), host(beta.grad(&grads))]

@@ -107,15 +107,16 @@ pub fn pool_bound(max_page: u64) -> Option<u64> {
 }
 
 /// The bytes of a row of `width` f32 values as CUDA lays a new tensor out: rows padded to a
-/// multiple of the row's size rounded up to a power of two, at most 512 bytes
-/// (cubecl-cuda 0.10's `PitchedMemoryLayoutPolicy`: 1030 values take 4,608 bytes, not 4,120).
-/// wgpu's rows are dense; counting them pitched overestimates there by under 12.5 %.
+/// multiple of the row's size rounded up to a power of two, from 16 to 512 bytes, a row of one
+/// value unpadded (cubecl-runtime 0.10's `PitchedMemoryLayoutPolicy` and `optimal_align`: 1030
+/// values take 4,608 bytes, not 4,120). wgpu's rows are dense; counting them pitched
+/// overestimates there by at most 511 bytes a row (12 % for the 0.6B joint's 1030 values).
 pub fn pitched_row_bytes(width: usize) -> u64 {
     let bytes = width as u64 * 4;
-    if bytes == 0 {
-        return 0;
+    if width <= 1 {
+        return bytes;
     }
-    bytes.next_multiple_of(bytes.next_power_of_two().min(512))
+    bytes.next_multiple_of(bytes.next_power_of_two().clamp(16, 512))
 }
 
 /// Utterances per joint call for a micro-batch of `batch` utterances padded to `frames` encoder
@@ -208,6 +209,9 @@ mod tests {
         assert_eq!(pitched_row_bytes(640), 2560);
         assert_eq!(pitched_row_bytes(96), 512);
         assert_eq!(pitched_row_bytes(1024), 4096);
+        assert_eq!(pitched_row_bytes(2), 16);
+        assert_eq!(pitched_row_bytes(1), 4);
+        assert_eq!(pitched_row_bytes(129), 1024);
         // The H200 run's step 3: 11 utterances, 148 frames, 80 positions; 600,145,920 bytes
         // whole, 10 fit under the bound, so two parts of 6 and 5.
         assert_eq!(11 * 148 * 80 * pitched_row_bytes(1030), 600_145_920);
