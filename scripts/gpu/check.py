@@ -10,6 +10,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 
 # The memory log's summary formats its sizes; d's verdict shows them the same way.
@@ -344,7 +345,9 @@ def check_train_big(rc, log, work, name="d"):
     audio = statistics.median([m["audio_seconds_per_second"] for m in steady])
     mem = None
     try:
-        vals = [float(x) for x in open(os.path.join(work, f"{name}-memory.csv")).read().split() if x.strip()]
+        # Rows of "memory MiB, utilisation %" (run.sh's `measured`).
+        rows = [line.split(",") for line in open(os.path.join(work, f"{name}-memory.csv")) if line.strip()]
+        vals = [float(r[0]) for r in rows if r[0].strip()]
         mem = max(vals) if vals else None
     except OSError:
         pass
@@ -389,12 +392,37 @@ def check_train_big(rc, log, work, name="d"):
         figures["pool_largest_request_bytes"] = layout["largest_request_bytes"]
         pages = ", ".join(f"{p['pages']} x {fmt(p['page_bytes'])}" for p in taken if p["page_bytes"])
         pool_s += f"; pages: {pages or 'none'} (largest buffer asked {fmt(layout['largest_request_bytes'])})"
+    host_s = host_threads(work, name, figures)
     save(work, name, figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
     mem_s += pool_s
     return (f"PASS: {len(ms)} steps, median {step_s:.3f} s/step ({figures['audio_seconds_per_step']:.0f} audio-s per step), "
             f"{audio:.1f} audio-s/s, data wait {100 * figures['data_wait_share']:.1f} %, peak device memory {mem_s}; "
-            f"{mfu_s}")
+            f"{mfu_s}{host_s}")
+
+
+def host_threads(work, name, figures):
+    """The run's threads' busy shares over its steady steps (threads.py), into `figures`, and a
+    clause for the verdict: the three busiest thread names and the GPU's utilisation."""
+    samples = os.path.join(work, f"{name}-threads.jsonl")
+    if not os.path.exists(samples):
+        return ""
+    smi = os.path.join(work, f"{name}-memory.csv")
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "threads.py"),
+                          "summary", samples, "--smi", smi], capture_output=True, text=True)
+    try:
+        t = json.loads(out.stdout)
+    except ValueError:
+        return f"; threads not read ({out.stderr.strip()[-200:]})"
+    if "error" in t:
+        return f"; threads not read ({t['error']})"
+    figures["host_threads"] = t
+    busiest = ", ".join(f"{g['thread']}{' x' + str(g['count']) if g['count'] > 1 else ''} "
+                        f"{100 * g['busy']:.0f} % (system {100 * g['system']:.0f} %)" for g in t["by_name"][:3])
+    gpu = (f"; GPU utilisation {100 * t['gpu_utilization_median']:.0f} % (nvidia-smi median)"
+           if "gpu_utilization_median" in t else "")
+    return (f"; host threads over steps {t['from_step']}-{t['to_step']} ({t['window_seconds']:.1f} s): "
+            f"{busiest}{gpu}")
 
 
 def check_matmul(rc, log, work):

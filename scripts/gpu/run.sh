@@ -37,7 +37,8 @@
 #        global norm against its parameters' norms (5e-7); the fused run with poisoned buffers
 #        (ASRT_POISON_BUFFERS=1) the same bits (a dry run does this on lavapipe)
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
-#        step time, audio-s/s, peak device memory, data-wait share
+#        step time, audio-s/s, peak device memory, data-wait share; each host thread's busy
+#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dm, du, db, d2)
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
 #        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
 #   dp   one steady step's kernels on the device: dw's run profiled by CubeCL
@@ -228,6 +229,9 @@ step_env() {
   echo "commit: $(cat "$kit/commit" 2>/dev/null || git -C "$repo" rev-parse HEAD 2>/dev/null)"
   echo "CUDA_PATH=${CUDA_PATH:-}"; echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
+  # The host's CPU: with the launches of a step on one thread, its speed may bound the step.
+  grep -m1 '^model name' /proc/cpuinfo 2>/dev/null || true
+  for t in nsys ncu perf; do command -v "$t" >/dev/null && echo "profiler: $t at $(command -v "$t")"; done
   nvidia-smi 2>&1 | head -n 15 || true
   command -v nvcc >/dev/null && nvcc --version | tail -n 2
   for lib in libcuda.so.1 libnvrtc.so libnvrtc.so.13 libnccl.so libnccl.so.2; do
@@ -328,16 +332,26 @@ long_corpus() {
     --vocab 1024 --min-seconds 5 --max-seconds 20 --max-tokens 80
 }
 
-# measured NAME COMMAND...: runs the command while nvidia-smi samples the device's memory into
-# $work/NAME-memory.csv (check.py's peak), where there is an nvidia-smi.
+# measured NAME COMMAND...: runs the command while nvidia-smi samples the device's memory and
+# utilisation into $work/NAME-memory.csv (check.py's peak), where there is an nvidia-smi, and
+# threads.py samples the process's threads' CPU time into $work/NAME-threads.jsonl, aligned with
+# the steps of $work/NAME-run (check.py: each thread's busy share over the steady steps, and the
+# GPU's utilisation over the same samples: is the step bound by the host or by the device?).
 measured() {
-  local name="$1" smi=""; shift
+  local name="$1" smi="" pid sampler rc; shift
   if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$work/$name-memory.csv" 2>/dev/null &
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits -lms 250 \
+      > "$work/$name-memory.csv" 2>/dev/null &
     smi=$!
   fi
-  "$@"
-  local rc=$?
+  "$@" &
+  pid=$!
+  python3 "$repo/scripts/gpu/threads.py" sample "$pid" "$work/$name-threads.jsonl" \
+    --metrics "$work/$name-run/metrics.jsonl" --smi "$work/$name-memory.csv" &
+  sampler=$!
+  wait "$pid"
+  rc=$?
+  wait "$sampler" 2>/dev/null
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
   return $rc
 }
