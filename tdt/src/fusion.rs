@@ -9,11 +9,15 @@
 //! queue to be launched, not for the device to finish it; a custom operation would be a fusion
 //! barrier anyway.
 
+use std::marker::PhantomData;
+
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::TensorMetadata;
-use burn_fusion::stream::OperationStreams;
-use burn_fusion::{Fusion, FusionBackend, NoOp};
-use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime, NoOp};
+use burn_ir::{
+    CustomOpIr, HandleContainer, InitOperationIr, OperationIr, OperationOutput, TensorIr,
+};
 
 use super::op::{TdtBackend, TdtProblem};
 use super::TdtError;
@@ -46,4 +50,89 @@ pub fn adopt<B: FusionBackend>(
     let handle = B::float_tensor_handle(tensor);
     let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
     client.register(OperationStreams::default(), OperationIr::Init(desc), NoOp::<B>::new()).output()
+}
+
+/// The shape and type of one output of [`in_stream`].
+pub type Output = (Vec<usize>, burn::tensor::DType);
+
+/// Runs `run`, an operation on the inner backend's tensors, as a custom operation of fusion's
+/// stream: queued in order after what produced its inputs, and run on fusion's thread when the
+/// stream is, with no wait on this thread. The outputs' shapes and types are declared up front
+/// (`outputs`), as fusion needs them to queue what follows; `run` must give exactly those, in
+/// that order (checked when it runs: a mismatch is a bug in the caller, and panics there).
+///
+/// Why not resolve the inputs here and [`adopt`] the outputs, as the loss does: resolving is a
+/// round trip to fusion's thread that first launches everything queued, and a step of the 0.6B
+/// preset made thousands of them, each a point where this thread and fusion's waited on each
+/// other instead of overlapping. The loss keeps resolving, because its checks return errors
+/// (see the module); an operation here cannot fail.
+///
+/// An input whose fusion tensor has no other owner is handed to `run` as the only owner of its
+/// buffer (fusion's read-write status), as Burn's own operations are: `run` may write over it.
+pub fn in_stream<B, F, const N: usize, const M: usize>(
+    name: &'static str,
+    inputs: [FloatTensor<Fusion<B>>; N],
+    outputs: [Output; M],
+    run: F,
+) -> [FloatTensor<Fusion<B>>; M]
+where
+    B: FusionBackend,
+    F: Fn([FloatTensor<B>; N]) -> [FloatTensor<B>; M] + Send + Sync + 'static,
+{
+    assert!(N > 0, "in_stream: an operation needs an input (its client and stream)");
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outs: Vec<TensorIr> = outputs
+        .into_iter()
+        .map(|(dims, dtype)| TensorIr::uninit(client.create_empty_handle(), dims.into(), dtype))
+        .collect();
+    let ins: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let desc = CustomOpIr::new(name, &ins, &outs);
+    let op = InStream::<B, F, N, M> { desc: desc.clone(), run, _backend: PhantomData };
+    let tensors = client.register(streams, OperationIr::Custom(desc), op);
+    match tensors.try_into() {
+        Ok(tensors) => tensors,
+        // `register` returns one tensor per declared output.
+        Err(v) => unreachable!("fusion returned {} outputs for {M}", v.len()),
+    }
+}
+
+/// [`in_stream`]'s queued operation.
+struct InStream<B, F, const N: usize, const M: usize> {
+    desc: CustomOpIr,
+    run: F,
+    // `fn() -> B`: the operation holds no `B`, and stays `Send + Sync` whatever `B` is.
+    _backend: PhantomData<fn() -> B>,
+}
+
+impl<B, F, const N: usize, const M: usize> std::fmt::Debug for InStream<B, F, N, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InStream").field("desc", &self.desc).finish()
+    }
+}
+
+impl<B, F, const N: usize, const M: usize> Operation<B::FusionRuntime> for InStream<B, F, N, M>
+where
+    B: FusionBackend,
+    F: Fn([FloatTensor<B>; N]) -> [FloatTensor<B>; M] + Send + Sync + 'static,
+{
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
+    ) {
+        let (ins, outs) = self.desc.as_fixed::<N, M>();
+        let inputs = ins.each_ref().map(|t| handles.get_float_tensor::<B>(t));
+        for (t, ir) in (self.run)(inputs).into_iter().zip(outs) {
+            let shape = t.shape();
+            assert!(
+                shape == ir.shape && t.dtype() == ir.dtype,
+                "{}: an output is {shape:?} {:?}, declared {:?} {:?}",
+                self.desc.id,
+                t.dtype(),
+                ir.shape,
+                ir.dtype
+            );
+            handles.register_float_tensor::<B>(&ir.id, t);
+        }
+    }
 }

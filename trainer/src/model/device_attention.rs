@@ -34,6 +34,7 @@ use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 // CubeCL's `Float` (for `f32::new` in kernels), apart from Burn's tensor kind of that name.
+use asr_tdt::fusion::in_stream;
 use burn_cubecl::cubecl::prelude::Float as _;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
@@ -337,14 +338,35 @@ where
         divisor: f32,
         rule: Option<Rule>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let client = ac.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let (w, y) = B::attention_forward(resolve(ac), resolve(bd), resolve(keep), divisor, rule);
-        let w = asr_tdt::fusion::adopt::<B>(&client, w);
+        let out = (ac.shape.to_vec(), DType::F32);
+        let inputs = [ac, bd, keep];
+        let run = move |[ac, bd, keep]: [FloatTensor<B>; 3]| {
+            B::attention_forward(ac, bd, keep, divisor, rule)
+        };
         match rule {
-            Some(_) => (w, asr_tdt::fusion::adopt::<B>(&client, y)),
-            // One tensor, registered once.
-            None => (w.clone(), w),
+            Some(_) => {
+                let [w, y] = in_stream::<B, _, 3, 2>(
+                    "attention_forward",
+                    inputs,
+                    [out.clone(), out],
+                    move |i| {
+                        let (w, y) = run(i);
+                        [w, y]
+                    },
+                );
+                (w, y)
+            }
+            // Without a dropout the weights are the output: one tensor, registered once.
+            None => {
+                let [w] =
+                    in_stream::<B, _, 3, 1>(
+                        "attention_forward",
+                        inputs,
+                        [out],
+                        move |i| [run(i).0],
+                    );
+                (w.clone(), w)
+            }
         }
     }
 
@@ -355,10 +377,18 @@ where
         divisor: f32,
         rule: Option<Rule>,
     ) -> [FloatTensor<Self>; 2] {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        B::attention_backward(resolve(w), resolve(keep), resolve(dy), divisor, rule)
-            .map(|t| asr_tdt::fusion::adopt::<B>(&client, t))
+        // [b, h, t, t] -> the scores' gradients [b, h, t, t] and [b, h, t, 2t - 1].
+        let scores = w.shape.to_vec();
+        let mut shifted = scores.clone();
+        if let Some(last) = shifted.last_mut() {
+            *last = (2 * *last).saturating_sub(1);
+        }
+        in_stream::<B, _, 3, 2>(
+            "attention_backward",
+            [w, keep, dy],
+            [(scores, DType::F32), (shifted, DType::F32)],
+            move |[w, keep, dy]| B::attention_backward(w, keep, dy, divisor, rule),
+        )
     }
 }
 

@@ -23,6 +23,7 @@
 //! with a stride of the channel count: uncoalesced, but the tensor is small (the encoder's
 //! width times its frames) and the step is bound by launches, not by memory.
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::nn::BatchNorm;
 use burn::prelude::*;
@@ -261,7 +262,7 @@ where
 
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
         let Saved { x, gamma, stats } = saved;
-        // Under fusion the saved tensors are the operation's own inputs again, resolved: on
+        // Under fusion the saved tensors are the operation's own inputs again: on
         // CUDA a tensor Burn made may have pitched rows (a row of 96 f32 in 128), and
         // the kernels index densely. A dense tensor passes through without a copy.
         let (x, gamma, stats) = (contiguous(x), contiguous(gamma), contiguous(stats));
@@ -318,31 +319,38 @@ where
         eps: f64,
         momentum: f64,
     ) -> Forward<Self> {
-        let client = x.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let inner = B::batch_norm_forward(
-            resolve(x.clone()),
-            resolve(gamma.clone()),
-            resolve(beta),
-            running.map(resolve),
-            eps,
-            momentum,
+        let dims = x.shape.to_vec();
+        let channels = dims.last().copied().unwrap_or(1);
+        let outs = [
+            (dims, DType::F32),
+            (vec![channels, 2], DType::F32),
+            (vec![channels], DType::F32),
+            (vec![channels], DType::F32),
+        ];
+        let [mean, var] = running;
+        let [y, stats, running_mean, running_var] = in_stream::<B, _, 5, 4>(
+            "batch_norm_forward",
+            [x.clone(), gamma.clone(), beta, mean, var],
+            outs,
+            move |[x, gamma, beta, mean, var]| {
+                let f = B::batch_norm_forward(x, gamma, beta, [mean, var], eps, momentum);
+                [f.y, f.saved.stats, f.running_mean, f.running_var]
+            },
         );
-        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
-        Forward {
-            y: adopt(inner.y),
-            saved: Saved { x, gamma, stats: adopt(inner.saved.stats) },
-            running_mean: adopt(inner.running_mean),
-            running_var: adopt(inner.running_var),
-        }
+        Forward { y, saved: Saved { x, gamma, stats }, running_mean, running_var }
     }
 
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let saved =
-            Saved { x: resolve(saved.x), gamma: resolve(saved.gamma), stats: resolve(saved.stats) };
-        B::batch_norm_backward(saved, resolve(dy)).map(|t| asr_tdt::fusion::adopt::<B>(&client, t))
+        let dims = saved.x.shape.to_vec();
+        let channels = dims.last().copied().unwrap_or(1);
+        let outs = [(dims, DType::F32), (vec![channels], DType::F32), (vec![channels], DType::F32)];
+        let Saved { x, gamma, stats } = saved;
+        in_stream::<B, _, 4, 3>(
+            "batch_norm_backward",
+            [x, gamma, stats, dy],
+            outs,
+            |[x, gamma, stats, dy]| B::batch_norm_backward(Saved { x, gamma, stats }, dy),
+        )
     }
 }
 

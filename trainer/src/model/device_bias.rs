@@ -14,6 +14,7 @@
 //! Invariants: `y[r, c] = x[r, c] + b[c]`; the input's gradient is the output's (the same
 //! tensor), the bias's the sum of its rows, computed only where the bias is tracked.
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -78,9 +79,9 @@ where
     B: FusionBackend + DeviceBias,
 {
     fn bias_add(x: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        asr_tdt::fusion::adopt::<B>(&client, B::bias_add(resolve(x), resolve(b)))
+        let out = (x.shape.to_vec(), DType::F32);
+        let [y] = in_stream::<B, _, 2, 1>("bias_add", [x, b], [out], |[x, b]| [B::bias_add(x, b)]);
+        y
     }
 }
 

@@ -19,6 +19,7 @@
 //! `0..T` read as zero (the tensor form's padding); the weight is `[K, C]`. The backward keeps
 //! the input and the weight (shared, not copied).
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -207,7 +208,7 @@ where
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let Saved { x, weight } = saved;
-        // Under fusion the saved tensors are the operation's own inputs again, resolved: on
+        // Under fusion the saved tensors are the operation's own inputs again: on
         // CUDA a tensor Burn made may have pitched rows (a weight of [9, 96] in rows of 128), and
         // the kernels index densely. A dense tensor passes through without a copy.
         let (x, weight) = (contiguous(x), contiguous(weight));
@@ -263,23 +264,37 @@ where
         weight: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, Saved<Self>) {
-        let client = x.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let (y, _) =
-            B::depthwise_forward(resolve(x.clone()), resolve(weight.clone()), resolve(bias));
-        (asr_tdt::fusion::adopt::<B>(&client, y), Saved { x, weight })
+        let out = (x.shape.to_vec(), DType::F32);
+        let [y] = in_stream::<B, _, 3, 1>(
+            "depthwise_forward",
+            [x.clone(), weight.clone(), bias],
+            [out],
+            |[x, weight, bias]| [B::depthwise_forward(x, weight, bias).0],
+        );
+        (y, Saved { x, weight })
     }
 
     fn depthwise_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let saved = Saved { x: resolve(saved.x), weight: resolve(saved.weight) };
-        let (dx, dw, db) = B::depthwise_backward(saved, resolve(dy));
-        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
-        (adopt(dx), adopt(dw), adopt(db))
+        let channels = saved.weight.shape.to_vec().last().copied().unwrap_or(1);
+        let outs = [
+            (saved.x.shape.to_vec(), DType::F32),
+            (saved.weight.shape.to_vec(), DType::F32),
+            (vec![channels], DType::F32),
+        ];
+        let Saved { x, weight } = saved;
+        let [dx, dw, db] = in_stream::<B, _, 3, 3>(
+            "depthwise_backward",
+            [x, weight, dy],
+            outs,
+            |[x, weight, dy]| {
+                let (dx, dw, db) = B::depthwise_backward(Saved { x, weight }, dy);
+                [dx, dw, db]
+            },
+        );
+        (dx, dw, db)
     }
 }
 

@@ -23,6 +23,7 @@
 //! `x[i] + f[i] * m`, one product and one sum (a target may contract them into one fused
 //! multiply-add, as NVRTC does by default: then within an ulp of the CPU's sum).
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -168,16 +169,19 @@ where
     B: FusionBackend + DeviceDropout,
 {
     fn dropout_apply(rule: Rule, x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let y = B::dropout_apply(rule, client.resolve_tensor_float::<B>(x));
-        asr_tdt::fusion::adopt::<B>(&client, y)
+        let out = (x.shape.to_vec(), DType::F32);
+        let [y] = in_stream::<B, _, 1, 1>("dropout_apply", [x], [out], move |[x]| {
+            [B::dropout_apply(rule, x)]
+        });
+        y
     }
 
     fn residual_apply(rule: Rule, x: FloatTensor<Self>, f: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let x = client.resolve_tensor_float::<B>(x);
-        let f = client.resolve_tensor_float::<B>(f);
-        asr_tdt::fusion::adopt::<B>(&client, B::residual_apply(rule, x, f))
+        let out = (x.shape.to_vec(), DType::F32);
+        let [y] = in_stream::<B, _, 2, 1>("residual_apply", [x, f], [out], move |[x, f]| {
+            [B::residual_apply(rule, x, f)]
+        });
+        y
     }
 }
 

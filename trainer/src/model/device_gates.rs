@@ -25,6 +25,7 @@
 //! (shared, not copied), the ReLU's its output; the ReLU's gradient is the output's where the
 //! output is above zero, else zero (Burn's, which tests the input, gives the same).
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -219,16 +220,22 @@ where
     B: FusionBackend + DeviceGates,
 {
     fn gate_forward(gate: Gate, x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let y = B::gate_forward(gate, client.resolve_tensor_float::<B>(x));
-        asr_tdt::fusion::adopt::<B>(&client, y)
+        let mut dims = x.shape.to_vec();
+        if let (Gate::Glu, Some(last)) = (gate, dims.last_mut()) {
+            *last /= 2;
+        }
+        let [y] = in_stream::<B, _, 1, 1>("gate_forward", [x], [(dims, DType::F32)], move |[x]| {
+            [B::gate_forward(gate, x)]
+        });
+        y
     }
 
     fn gate_backward(gate: Gate, x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let dx = B::gate_backward(gate, resolve(x), resolve(dy));
-        asr_tdt::fusion::adopt::<B>(&client, dx)
+        let out = (x.shape.to_vec(), DType::F32);
+        let [dx] = in_stream::<B, _, 2, 1>("gate_backward", [x, dy], [out], move |[x, dy]| {
+            [B::gate_backward(gate, x, dy)]
+        });
+        dx
     }
 }
 

@@ -23,6 +23,7 @@
 //! bias; the input's gradient is the inverse permutation of the output's, and each bias's is
 //! the output's gradient summed over `b` and `t`.
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -134,10 +135,27 @@ where
         view: [usize; 4],
         dims: Vec<usize>,
     ) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let y = B::heads_swap(resolve(x), biases.into_iter().map(resolve).collect(), view, dims);
-        asr_tdt::fusion::adopt::<B>(&client, y)
+        let out = (dims.clone(), DType::F32);
+        // The biases are 0, 1 or 2 tensors; each count is its own operation's arity.
+        let run =
+            move |x, biases: Vec<FloatTensor<B>>| B::heads_swap(x, biases, view, dims.clone());
+        let mut biases = biases.into_iter();
+        let [y] = match (biases.next(), biases.next()) {
+            (None, _) => {
+                in_stream::<B, _, 1, 1>("heads_swap", [x], [out], move |[x]| [run(x, Vec::new())])
+            }
+            (Some(b0), None) => {
+                in_stream::<B, _, 2, 1>("heads_swap", [x, b0], [out], move |[x, b0]| {
+                    [run(x, vec![b0])]
+                })
+            }
+            (Some(b0), Some(b1)) => {
+                in_stream::<B, _, 3, 1>("heads_swap", [x, b0, b1], [out], move |[x, b0, b1]| {
+                    [run(x, vec![b0, b1])]
+                })
+            }
+        };
+        y
     }
 }
 

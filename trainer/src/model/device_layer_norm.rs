@@ -21,6 +21,7 @@
 //! reciprocal deviation for the backward, which reads the input again rather than keeping the
 //! normalised values (one tensor of the input's size less held per normalisation).
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
@@ -228,7 +229,7 @@ where
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let Saved { x, gamma, stats } = saved;
-        // Under fusion the saved tensors are the operation's own inputs again, resolved: on
+        // Under fusion the saved tensors are the operation's own inputs again: on
         // CUDA a tensor Burn made may have pitched rows (a row of 96 f32 in 128), and
         // the kernels index densely. A dense tensor passes through without a copy.
         let (x, gamma, stats) = (contiguous(x), contiguous(gamma), contiguous(stats));
@@ -284,25 +285,39 @@ where
         beta: FloatTensor<Self>,
         eps: f64,
     ) -> (FloatTensor<Self>, Saved<Self>) {
-        let client = x.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let (y, saved) =
-            B::layer_norm_forward(resolve(x.clone()), resolve(gamma.clone()), resolve(beta), eps);
-        let stats = asr_tdt::fusion::adopt::<B>(&client, saved.stats);
-        (asr_tdt::fusion::adopt::<B>(&client, y), Saved { x, gamma, stats })
+        let dims = x.shape.to_vec();
+        let rows = dims.iter().product::<usize>() / dims.last().copied().unwrap_or(1).max(1);
+        let outs = [(dims, DType::F32), (vec![rows, 2], DType::F32)];
+        let [y, stats] = in_stream::<B, _, 3, 2>(
+            "layer_norm_forward",
+            [x.clone(), gamma.clone(), beta],
+            outs,
+            move |[x, gamma, beta]| {
+                let (y, saved) = B::layer_norm_forward(x, gamma, beta, eps);
+                [y, saved.stats]
+            },
+        );
+        (y, Saved { x, gamma, stats })
     }
 
     fn layer_norm_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let saved =
-            Saved { x: resolve(saved.x), gamma: resolve(saved.gamma), stats: resolve(saved.stats) };
-        let (dx, d_gamma, d_beta) = B::layer_norm_backward(saved, resolve(dy));
-        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
-        (adopt(dx), adopt(d_gamma), adopt(d_beta))
+        let dims = saved.x.shape.to_vec();
+        let width = dims.last().copied().unwrap_or(1);
+        let outs = [(dims, DType::F32), (vec![width], DType::F32), (vec![width], DType::F32)];
+        let Saved { x, gamma, stats } = saved;
+        let [dx, d_gamma, d_beta] = in_stream::<B, _, 4, 3>(
+            "layer_norm_backward",
+            [x, gamma, stats, dy],
+            outs,
+            |[x, gamma, stats, dy]| {
+                let (dx, d_gamma, d_beta) = B::layer_norm_backward(Saved { x, gamma, stats }, dy);
+                [dx, d_gamma, d_beta]
+            },
+        );
+        (dx, d_gamma, d_beta)
     }
 }
 

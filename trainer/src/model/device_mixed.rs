@@ -27,6 +27,7 @@
 //! the half type, the product is written in the half type and cast up (Burn's operations),
 //! which is the casts' result.
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
@@ -192,24 +193,35 @@ where
         b: FloatTensor<Self>,
         dtype: FloatDType,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let client = a.client.clone();
-        let a = client.resolve_tensor_float::<B>(a);
-        let b = client.resolve_tensor_float::<B>(b);
-        let (a_low, b_low) = B::round_pair(a, b, dtype);
-        (asr_tdt::fusion::adopt::<B>(&client, a_low), asr_tdt::fusion::adopt::<B>(&client, b_low))
+        let outs = [(a.shape.to_vec(), dtype.into()), (b.shape.to_vec(), dtype.into())];
+        let [a_low, b_low] = in_stream::<B, _, 2, 2>("round_pair", [a, b], outs, move |[a, b]| {
+            let (a, b) = B::round_pair(a, b, dtype);
+            [a, b]
+        });
+        (a_low, b_low)
     }
 
     fn round_one(x: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let x = client.resolve_tensor_float::<B>(x);
-        asr_tdt::fusion::adopt::<B>(&client, B::round_one(x, dtype))
+        let out = (x.shape.to_vec(), dtype.into());
+        let [y] =
+            in_stream::<B, _, 1, 1>("round_one", [x], [out], move |[x]| [B::round_one(x, dtype)]);
+        y
     }
 
     fn product_f32(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = a.client.clone();
-        let a = client.resolve_tensor_float::<B>(a);
-        let b = client.resolve_tensor_float::<B>(b);
-        asr_tdt::fusion::adopt::<B>(&client, B::product_f32(a, b))
+        // [.., m, k] · [.., k, n] -> [.., m, n], a leading axis of size 1 broadcast.
+        let (da, db) = (a.shape.to_vec(), b.shape.to_vec());
+        let mut dims: Vec<usize> = da.iter().zip(&db).map(|(&x, &y)| x.max(y)).collect();
+        if let (Some(last), Some(&n)) = (dims.last_mut(), db.last()) {
+            *last = n;
+        }
+        if let (Some(m), Some(&rows)) = (dims.iter_mut().rev().nth(1), da.iter().rev().nth(1)) {
+            *m = rows;
+        }
+        let out = (dims, DType::F32);
+        let [y] =
+            in_stream::<B, _, 2, 1>("product_f32", [a, b], [out], |[a, b]| [B::product_f32(a, b)]);
+        y
     }
 }
 

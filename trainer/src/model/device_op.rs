@@ -317,7 +317,7 @@ mod tests {
         t.expect("tracked").into_data().into_vec::<f32>().unwrap()
     }
 
-    /// Under fusion an operation saves its inputs and resolves them again for the backward, not
+    /// Under fusion an operation saves its inputs and hands them again to the backward, not
     /// the dense copies its forward made. A weight Burn made on CUDA (`tiny`'s depthwise
     /// `[9, 96]`, rows of 128) reached the backward kernels pitched while they index densely, and
     /// the gradients into the first layer's convolution module came out wrong (the GPU kit's cg

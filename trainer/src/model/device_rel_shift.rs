@@ -15,6 +15,7 @@
 //! `y[b, h, i, j] = x[b, h, i, T - 1 - i + j]` `[B, H, T, T]` (key `j` of query `i` is position
 //! `i - j`); the backward keeps only the input's shape.
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -119,15 +120,24 @@ where
     B: FusionBackend + DeviceRelShift,
 {
     fn rel_shift_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let y = B::rel_shift_forward(client.resolve_tensor_float::<B>(x));
-        asr_tdt::fusion::adopt::<B>(&client, y)
+        // [rows.., T, 2T - 1] -> [rows.., T, T]
+        let mut dims = x.shape.to_vec();
+        let t = dims.iter().rev().nth(1).copied().unwrap_or(0);
+        if let Some(last) = dims.last_mut() {
+            *last = t;
+        }
+        let [y] = in_stream::<B, _, 1, 1>("rel_shift_forward", [x], [(dims, DType::F32)], |[x]| {
+            [B::rel_shift_forward(x)]
+        });
+        y
     }
 
     fn rel_shift_backward(dims: [usize; 4], dy: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = dy.client.clone();
-        let dx = B::rel_shift_backward(dims, client.resolve_tensor_float::<B>(dy));
-        asr_tdt::fusion::adopt::<B>(&client, dx)
+        let out = (dims.to_vec(), DType::F32);
+        let [dx] = in_stream::<B, _, 1, 1>("rel_shift_backward", [dy], [out], move |[dy]| {
+            [B::rel_shift_backward(dims, dy)]
+        });
+        dx
     }
 }
 

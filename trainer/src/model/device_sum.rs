@@ -16,6 +16,7 @@
 //! each pass's output is written whole by its units (no atomics: the same input gives the same
 //! bits); an empty axis gives zeros.
 
+use asr_tdt::fusion::in_stream;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{DType, FloatDType, Shape, Tensor, TensorMetadata, TensorPrimitive};
@@ -169,9 +170,14 @@ where
     B: FusionBackend + DeviceSum,
 {
     fn sum_axis(x: FloatTensor<Self>, axis: usize, square: bool) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let sums = B::sum_axis(client.resolve_tensor_float::<B>(x), axis, square);
-        asr_tdt::fusion::adopt::<B>(&client, sums)
+        let mut dims = x.shape.to_vec();
+        if let Some(d) = dims.get_mut(axis) {
+            *d = 1;
+        }
+        let [sums] = in_stream::<B, _, 1, 1>("sum_axis", [x], [(dims, DType::F32)], move |[x]| {
+            [B::sum_axis(x, axis, square)]
+        });
+        sums
     }
 }
 
