@@ -9,7 +9,7 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,c,cg,d,dw,dp,e,db,g --budget 540 --cap 180, and
+# call of at most 10 minutes should run: --only env,c,cg,d,dw,dq,dp,e,mm,g --budget 540 --cap 180, and
 # ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
 # --work DIR (keep the working folder for a later call on the same machine, see below).
 #
@@ -40,6 +40,8 @@
 #        step time, audio-s/s, peak device memory, data-wait share; each host thread's busy
 #        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dm, du, db, d2)
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
+#   dq   dw with the trainer's operations queued in fusion's stream (ASRT_FUSION_QUEUE=1)
+#        rather than resolved on the training thread: which should be the default
 #        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
 #   dp   one steady step's kernels on the device: dw's run profiled by CubeCL
 #        (CUBECL_DEBUG_LOG), 3 steps less 1, over 2: launches, their device time against the
@@ -88,7 +90,7 @@ while [ $# -gt 0 ]; do
       # mm rather than db or du: products are half of a steady step's device time, and mm's
       # timings let a second call's dm train with the fastest kernel; db's and du's figures
       # were measured (bench/RESULTS.md).
-      only="env,c,cg,d,dw,dp,e,mm,g"; budget=540; cap=180
+      only="env,c,cg,d,dw,dq,dp,e,mm,g"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -392,6 +394,19 @@ step_dw() {
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
+# dw with the trainer's own operations queued in fusion's stream (ASRT_FUSION_QUEUE=1,
+# asr_tdt::fusion::in_stream) instead of resolved on the training thread: which of the two the
+# default should be (queued was 7-10 % slower on lavapipe, where the device shares 2 cores).
+step_dq() {
+  [ -f "$work/parakeet.toml" ] || { echo "dq runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  local qdev="$train_dev"
+  # The dry run's dw trains on the CPU, which has no fusion: lavapipe instead.
+  [ "$dry" = 1 ] && qdev="$dev"
+  ASRT_FUSION_QUEUE=1 measured dq "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/dq-run" --device "$qdev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+}
+check_dq() { py train-big "$1" "$logs/dq.log" "$work" dq; }
+
 # dw's run profiled: CubeCL logs every launch with its device time. The first steps of the
 # two runs are the same batches, so 3 steps less 1 is two steady steps (their kernels compiled
 # by d, or here in the 1-step run for the dry run's wgpu).
@@ -547,7 +562,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured big_setup step_env step_c step_cg step_d step_dw step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
+export -f measured big_setup step_env step_c step_cg step_d step_dw step_dq step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
@@ -558,6 +573,7 @@ run_step c 600 step_c
 run_step cg 240 step_cg
 run_step d 600 step_d
 run_step dw 300 step_dw
+run_step dq 300 step_dq
 run_step dp 240 step_dp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e

@@ -55,20 +55,25 @@ pub fn adopt<B: FusionBackend>(
 /// The shape and type of one output of [`in_stream`].
 pub type Output = (Vec<usize>, burn::tensor::DType);
 
-/// Runs `run`, an operation on the inner backend's tensors, as a custom operation of fusion's
-/// stream: queued in order after what produced its inputs, and run on fusion's thread when the
-/// stream is, with no wait on this thread. The outputs' shapes and types are declared up front
-/// (`outputs`), as fusion needs them to queue what follows; `run` must give exactly those, in
-/// that order (checked when it runs: a mismatch is a bug in the caller, and panics there).
+/// Runs `run`, an operation on the inner backend's tensors, on fusion's tensors, in one of two
+/// ways ([`queued`]):
+/// - queued (`ASRT_FUSION_QUEUE=1`): as a custom operation of fusion's stream, in order after
+///   what produced its inputs, run on fusion's thread when the stream is, with no wait on this
+///   thread;
+/// - resolved (the default): each input resolved here (a round trip to fusion's thread, which
+///   first launches everything queued before it), `run` on this thread, each output registered
+///   back ([`adopt`]), as the loss does.
 ///
-/// Why not resolve the inputs here and [`adopt`] the outputs, as the loss does: resolving is a
-/// round trip to fusion's thread that first launches everything queued, and a step of the 0.6B
-/// preset made thousands of them, each a point where this thread and fusion's waited on each
-/// other instead of overlapping. The loss keeps resolving, because its checks return errors
-/// (see the module); an operation here cannot fail.
+/// A 0.6B step makes thousands of these calls. Resolved, each is a point where this thread and
+/// fusion's wait on each other; queued, fusion's thread does their host work too. On lavapipe
+/// (2 cores shared with the device's threads) queued was 7-10 % slower; on a GPU it is
+/// not yet measured (the GPU kit's step dq), so resolved stays the default.
 ///
-/// An input whose fusion tensor has no other owner is handed to `run` as the only owner of its
-/// buffer (fusion's read-write status), as Burn's own operations are: `run` may write over it.
+/// The outputs' shapes and types are declared up front (`outputs`), as fusion needs them to
+/// queue what follows; `run` must give exactly those, in that order (checked either way: a
+/// mismatch is a bug in the caller, and panics). An input whose fusion tensor has no other
+/// owner is handed to `run` queued as the only owner of its buffer (fusion's read-write
+/// status), as Burn's own operations are: `run` may write over it.
 pub fn in_stream<B, F, const N: usize, const M: usize>(
     name: &'static str,
     inputs: [FloatTensor<Fusion<B>>; N],
@@ -81,6 +86,13 @@ where
 {
     assert!(N > 0, "in_stream: an operation needs an input (its client and stream)");
     let client = inputs[0].client.clone();
+    if !queued() {
+        let results = run(inputs.map(|t| client.resolve_tensor_float::<B>(t)));
+        for (t, (dims, dtype)) in results.iter().zip(&outputs) {
+            check_output(name, t, dims, *dtype);
+        }
+        return results.map(|t| adopt::<B>(&client, t));
+    }
     let streams = OperationStreams::with_inputs(inputs.iter());
     let outs: Vec<TensorIr> = outputs
         .into_iter()
@@ -123,16 +135,25 @@ where
         let (ins, outs) = self.desc.as_fixed::<N, M>();
         let inputs = ins.each_ref().map(|t| handles.get_float_tensor::<B>(t));
         for (t, ir) in (self.run)(inputs).into_iter().zip(outs) {
-            let shape = t.shape();
-            assert!(
-                shape == ir.shape && t.dtype() == ir.dtype,
-                "{}: an output is {shape:?} {:?}, declared {:?} {:?}",
-                self.desc.id,
-                t.dtype(),
-                ir.shape,
-                ir.dtype
-            );
+            check_output(&self.desc.id, &t, &ir.shape.to_vec(), ir.dtype);
             handles.register_float_tensor::<B>(&ir.id, t);
         }
     }
+}
+
+/// Panics unless `t` has the declared shape and type: [`in_stream`]'s caller declared them wrong.
+fn check_output<T: TensorMetadata>(name: &str, t: &T, dims: &[usize], dtype: burn::tensor::DType) {
+    let shape = t.shape().to_vec();
+    assert!(
+        shape == dims && t.dtype() == dtype,
+        "{name}: an output is {shape:?} {:?}, declared {dims:?} {dtype:?}",
+        t.dtype()
+    );
+}
+
+/// Whether [`in_stream`] queues its operations in fusion's stream: where `ASRT_FUSION_QUEUE` is
+/// `1`, read once per process (`0` or unset: resolved).
+pub fn queued() -> bool {
+    static QUEUED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *QUEUED.get_or_init(|| std::env::var("ASRT_FUSION_QUEUE").as_deref() == Ok("1"))
 }
