@@ -14,8 +14,9 @@ cargo test --workspace --locked
 # The trainer's device operations again with fusion queueing them in its stream
 # (ASRT_FUSION_QUEUE=1, asr_tdt::fusion::in_stream; the default resolves them on the calling
 # thread): fused and unfused must still agree, and fused training still match the CPU's.
-ASRT_FUSION_QUEUE=1 cargo test -p asr-trainer --lib --locked -- device_
-ASRT_FUSION_QUEUE=1 cargo test -p asr-trainer --test it --locked -- wgpu_training
+# (--workspace, as above: the same features, so nothing is built again.)
+ASRT_FUSION_QUEUE=1 cargo test --workspace --lib --locked -- device_
+ASRT_FUSION_QUEUE=1 cargo test --workspace --test it --locked -- wgpu_training
 
 # The two readers on a corpus the writer made: same verdict, same summary.
 out="$(mktemp -d)"
