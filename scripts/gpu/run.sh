@@ -38,11 +38,11 @@
 #        (ASRT_POISON_BUFFERS=1) the same bits (a dry run does this on lavapipe)
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share; each host thread's busy
-#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dm, du, db, d2)
+#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dq, dm, du, db, d2)
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
+#        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
 #   dq   dw with the trainer's operations queued in fusion's stream (ASRT_FUSION_QUEUE=1)
 #        rather than resolved on the training thread: which should be the default
-#        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
 #   dp   one steady step's kernels on the device: dw's run profiled by CubeCL
 #        (CUBECL_DEBUG_LOG), 3 steps less 1, over 2: launches, their device time against the
 #        step's wall time, and the kernels that take it (scripts/gpu/profile_summary.py; a dry run
@@ -387,10 +387,12 @@ check_d() { py train-big "$1" "$logs/d.log" "$work"; }
 # d again, with the kernel cache d left: the same plan, so the same shapes. CubeCL compiles a
 # kernel for each new shape; on an H200 d's steps took 3.4 s with compilation against 1.3 s
 # without, so the steady step time is this step's.
-step_dw() {
-  [ -f "$work/parakeet.toml" ] || { echo "dw runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
-  measured dw "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/dw-run" \
-    --device "$train_dev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+step_dw() { warm_run dw "$train_dev"; }
+# warm_run NAME DEVICE: d's plan again on DEVICE, measured as NAME, with the kernels d compiled.
+warm_run() {
+  [ -f "$work/parakeet.toml" ] || { echo "$1 runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  measured "$1" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/$1-run" \
+    --device "$2" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
@@ -398,12 +400,8 @@ check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 # asr_tdt::fusion::in_stream) instead of resolved on the training thread: which of the two the
 # default should be (queued was 7-10 % slower on lavapipe, where the device shares 2 cores).
 step_dq() {
-  [ -f "$work/parakeet.toml" ] || { echo "dq runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
-  local qdev="$train_dev"
   # The dry run's dw trains on the CPU, which has no fusion: lavapipe instead.
-  [ "$dry" = 1 ] && qdev="$dev"
-  ASRT_FUSION_QUEUE=1 measured dq "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
-    --out "$work/dq-run" --device "$qdev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  ASRT_FUSION_QUEUE=1 warm_run dq "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")"
 }
 check_dq() { py train-big "$1" "$logs/dq.log" "$work" dq; }
 
@@ -562,7 +560,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured big_setup step_env step_c step_cg step_d step_dw step_dq step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dq step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env

@@ -9,7 +9,8 @@
     threads.py summary OUT.jsonl [--smi SMI.csv] [--from-step K]
         (JSON on stdout) each thread's busy share over the window from step K's start (the
         metrics file holding K - 1 steps; default K = 3, past compilation and the pool's growth)
-        to the last step's end (from the last step where the run has fewer), and nvidia-smi's GPU utilisation over the same rows
+        to the last step's end (from the last step where the run has fewer), and nvidia-smi's
+        GPU utilisation over the same rows
 
 Why: on an H200 the 0.6B step's kernels took 74-92 % of its wall time, and a faster product
 kernel barely moved the step, so the host may be the bound. A thread busy for the whole window

@@ -8,6 +8,9 @@
 //! the costs and gradients are registered back as fusion tensors. Resolving waits for the
 //! queue to be launched, not for the device to finish it; a custom operation would be a fusion
 //! barrier anyway.
+//!
+//! [`in_stream`] runs an operation that cannot fail (the trainer's device operations) either
+//! that way or queued as such a custom operation (`ASRT_FUSION_QUEUE=1`).
 
 use std::marker::PhantomData;
 

@@ -8,7 +8,8 @@
 //! - `kernels`, `cube`: the same loss as CubeCL kernels (f32 accumulation, f32/f16/bf16 logits)
 //!   and the extension for Burn's CubeCL backends (wgpu, CUDA): the logits stay on the device.
 //! - `fusion`: the extension for Burn's fusion backend over a CubeCL one (resolves the logits,
-//!   runs the inner backend's kernels, registers the results back).
+//!   runs the inner backend's kernels, registers the results back), and `in_stream`, which runs
+//!   any inner-backend operation on fusion's tensors (the trainer's device operations).
 //! - `joint`: the joint's output layer and the loss together on the host, over each utterance's
 //!   valid lattice (the CPU backends' training path).
 //! - `greedy`: NeMo's `greedy_batch` (label-looping) TDT decoding over small traits.

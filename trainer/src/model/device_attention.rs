@@ -27,6 +27,7 @@
 //! tensor form does gives the same weights wherever the valid scores lie within about 87 of each
 //! other's maximum above `-10000` (f32's `exp` of the gap underflows), which scores do.
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -34,7 +35,6 @@ use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 // CubeCL's `Float` (for `f32::new` in kernels), apart from Burn's tensor kind of that name.
-use asr_tdt::fusion::in_stream;
 use burn_cubecl::cubecl::prelude::Float as _;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
