@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The trainer's device operations resolved (default) against queued in fusion's stream
-# (ASRT_FUSION_QUEUE=1), one binary, alternated twice in one invocation: the 0.6B preset's
+# The trainer's device operations resolved on the training thread (ASRT_FUSION_QUEUE=0) against
+# queued in fusion's stream (ASRT_FUSION_QUEUE=1, the default), one binary, alternated twice in one invocation: the 0.6B preset's
 # structure (24 layers) at width 64 on DEVICE (default wgpu), 40 steps of 2 x 6 s utterances;
 # per run the median step time over steps 11-40, the last loss and the busiest threads
 # (scripts/gpu/threads.py). bench/RESULTS.md, 2026-11-29 (21:24 session).

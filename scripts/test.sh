@@ -11,12 +11,12 @@ cargo fmt --all -- --check
 # --all-features also compiles the CUDA backend's code paths (no GPU needed to build them).
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --locked
-# The trainer's device operations again with fusion queueing them in its stream
-# (ASRT_FUSION_QUEUE=1, asr_tdt::fusion::in_stream; the default resolves them on the calling
-# thread): fused and unfused must still agree, and fused training still match the CPU's.
+# The trainer's device operations again with fusion resolving their inputs on the calling
+# thread (ASRT_FUSION_QUEUE=0, asr_tdt::fusion::in_stream; the default queues them in fusion's
+# stream): fused and unfused must still agree, and fused training still match the CPU's.
 # (--workspace, as above: the same features, so nothing is built again.)
-ASRT_FUSION_QUEUE=1 cargo test --workspace --lib --locked -- device_
-ASRT_FUSION_QUEUE=1 cargo test --workspace --test it --locked -- wgpu_training
+ASRT_FUSION_QUEUE=0 cargo test --workspace --lib --locked -- device_
+ASRT_FUSION_QUEUE=0 cargo test --workspace --test it --locked -- wgpu_training
 
 # The two readers on a corpus the writer made: same verdict, same summary.
 out="$(mktemp -d)"

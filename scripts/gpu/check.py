@@ -332,6 +332,19 @@ def check_grad_norms(rc, log, work):
     return f"{'PASS' if ok else 'FAIL'}: " + "; ".join(parts)
 
 
+def device_facts(work):
+    """env's log, where this call ran env; else nvidia-smi's name for the device (a later call
+    on the same machine, --only dm,db, has no env log: its MFU was "no peak known")."""
+    path = os.path.join(work, "logs", "env.log")
+    if os.path.exists(path):
+        return open(path, errors="replace").read()
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def check_train_big(rc, log, work, name="d"):
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
@@ -361,9 +374,7 @@ def check_train_big(rc, log, work, name="d"):
         flops = step_flops(shape["parameters"], figures["audio_seconds_per_step"])
         figures["model_tflops_per_step"] = flops / 1e12
         figures["achieved_tflops"] = flops / step_s / 1e12
-        env = open(os.path.join(work, "logs", "env.log"), errors="replace").read() if os.path.exists(
-            os.path.join(work, "logs", "env.log")) else ""
-        peak = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in env), None)
+        peak = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_facts(work)), None)
         figures["bf16_peak_tflops"] = peak
         if peak:
             figures["mfu_vs_bf16_peak"] = figures["achieved_tflops"] / peak
@@ -560,7 +571,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dq": "0.6B preset, warm, operations queued in fusion", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:

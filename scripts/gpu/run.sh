@@ -9,7 +9,7 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,c,cg,d,dw,dq,dp,e,mm,g --budget 540 --cap 180, and
+# call of at most 10 minutes should run: --only env,c,cg,d,dw,dr,dp,e,mm,g --budget 540 --cap 180, and
 # ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
 # --work DIR (keep the working folder for a later call on the same machine, see below).
 #
@@ -38,11 +38,11 @@
 #        (ASRT_POISON_BUFFERS=1) the same bits (a dry run does this on lavapipe)
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share; each host thread's busy
-#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dq, dm, du, db, d2)
+#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dr, dm, du, db, d2)
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
 #        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
-#   dq   dw with the trainer's operations queued in fusion's stream (ASRT_FUSION_QUEUE=1)
-#        rather than resolved on the training thread: which should be the default
+#   dr   dw with the trainer's operations resolved on the training thread (ASRT_FUSION_QUEUE=0)
+#        rather than queued in fusion's stream (the default): what queuing gains
 #   dp   one steady step's kernels on the device: dw's run profiled by CubeCL
 #        (CUBECL_DEBUG_LOG), 3 steps less 1, over 2: launches, their device time against the
 #        step's wall time, and the kernels that take it (scripts/gpu/profile_summary.py; a dry run
@@ -62,8 +62,9 @@
 #        d over e is the headline figure (ASRT_PEER_RUNS picks the runs; e runs right after dp)
 #   f    out of memory: a huge max_batch_seconds must stop cleanly naming the batch, then a run
 #        at the suggested value
-#   g    (runs before f, which may take what is left of the budget) refusals: a device listed twice, an ordinal the machine lacks; NCCL at world size 1, the
-#        in-process all-reduce and the cudarc communicator (asrt-bench nccl-check)
+#   g    (runs right after env: it takes seconds) refusals: a device listed twice, an ordinal
+#        the machine lacks; NCCL at world size 1, the in-process all-reduce and the cudarc
+#        communicator (asrt-bench nccl-check)
 # Results: $OUT/results.json and $OUT/results.md (the summary table, last), $OUT/logs.tar.gz
 # (every step's log and output), at most 8 files in all.
 set -uo pipefail
@@ -90,7 +91,7 @@ while [ $# -gt 0 ]; do
       # mm rather than db or du: products are half of a steady step's device time, and mm's
       # timings let a second call's dm train with the fastest kernel; db's and du's figures
       # were measured (bench/RESULTS.md).
-      only="env,c,cg,d,dw,dq,dp,e,mm,g"; budget=540; cap=180
+      only="env,c,cg,d,dw,dr,dp,e,mm,g"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -396,14 +397,15 @@ warm_run() {
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
-# dw with the trainer's own operations queued in fusion's stream (ASRT_FUSION_QUEUE=1,
-# asr_tdt::fusion::in_stream) instead of resolved on the training thread: which of the two the
-# default should be (queued was 7-10 % slower on lavapipe, where the device shares 2 cores).
-step_dq() {
+# dw with the trainer's own operations resolved on the training thread (ASRT_FUSION_QUEUE=0,
+# asr_tdt::fusion::in_stream) instead of queued in fusion's stream, the default since an H200's
+# step took 0.343 s queued against 0.426 s resolved (bench/RESULTS.md, 2026-11-30; queued was
+# 7-10 % slower on lavapipe, where the device shares 2 cores): the A/B kept in every run.
+step_dr() {
   # The dry run's dw trains on the CPU, which has no fusion: lavapipe instead.
-  ASRT_FUSION_QUEUE=1 warm_run dq "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")"
+  ASRT_FUSION_QUEUE=0 warm_run dr "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")"
 }
-check_dq() { py train-big "$1" "$logs/dq.log" "$work" dq; }
+check_dr() { py train-big "$1" "$logs/dr.log" "$work" dr; }
 
 # dw's run profiled: CubeCL logs every launch with its device time. The first steps of the
 # two runs are the same batches, so 3 steps less 1 is two steady steps (their kernels compiled
@@ -560,10 +562,13 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dq step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
 
 run_step env 60 step_env
+# g first after env: it takes seconds, and a call's budget may run out before the last steps
+# (the H200's --short call of 2026-11-30 skipped it).
+run_step g 60 step_g
 run_step a 600 "$bin/asrt-bench" tdt-check --device "$dev" --sizes "$sizes" --repeats 3 --dump "$work/peer" \
   --json-out "$work/a.json"
 run_step b 600 "$peer_python" bench/tdt_peer.py "$work/peer" --json-out "$work/b.json"
@@ -571,7 +576,7 @@ run_step c 600 step_c
 run_step cg 240 step_cg
 run_step d 600 step_d
 run_step dw 300 step_dw
-run_step dq 300 step_dq
+run_step dr 300 step_dr
 run_step dp 240 step_dp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e
@@ -580,8 +585,6 @@ run_step dm 400 step_dm
 run_step du 300 step_du
 run_step db 400 step_db
 run_step d2 300 step_d2
-# g before f: g takes seconds, f may take what is left of the budget.
-run_step g 60 step_g
 run_step f 300 step_f
 
 python3 scripts/gpu/check.py summary "$records" "$work" "$out" "$dry"

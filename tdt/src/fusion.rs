@@ -9,8 +9,8 @@
 //! queue to be launched, not for the device to finish it; a custom operation would be a fusion
 //! barrier anyway.
 //!
-//! [`in_stream`] runs an operation that cannot fail (the trainer's device operations) either
-//! that way or queued as such a custom operation (`ASRT_FUSION_QUEUE=1`).
+//! [`in_stream`] runs an operation that cannot fail (the trainer's device operations) queued as
+//! such a custom operation (the default), or that way (`ASRT_FUSION_QUEUE=0`).
 
 use std::marker::PhantomData;
 
@@ -60,17 +60,17 @@ pub type Output = (Vec<usize>, burn::tensor::DType);
 
 /// Runs `run`, an operation on the inner backend's tensors, on fusion's tensors, in one of two
 /// ways ([`queued`]):
-/// - queued (`ASRT_FUSION_QUEUE=1`): as a custom operation of fusion's stream, in order after
-///   what produced its inputs, run on fusion's thread when the stream is, with no wait on this
+/// - queued (the default): as a custom operation of fusion's stream, in order after what
+///   produced its inputs, run on fusion's thread when the stream is, with no wait on this
 ///   thread;
-/// - resolved (the default): each input resolved here (a round trip to fusion's thread, which
-///   first launches everything queued before it), `run` on this thread, each output registered
-///   back ([`adopt`]), as the loss does.
+/// - resolved (`ASRT_FUSION_QUEUE=0`): each input resolved here (a round trip to fusion's
+///   thread, which first launches everything queued before it), `run` on this thread, each
+///   output registered back ([`adopt`]), as the loss does.
 ///
 /// A 0.6B step makes thousands of these calls. Resolved, each is a point where this thread and
-/// fusion's wait on each other; queued, fusion's thread does their host work too. On lavapipe
-/// (2 cores shared with the device's threads) queued was 7-10 % slower; on a GPU it is
-/// not yet measured (the GPU kit's step dq), so resolved stays the default.
+/// fusion's wait on each other; queued, fusion's thread does their host work too. On an H200
+/// queued took the 0.6B step from 0.426 to 0.343 s (bench/RESULTS.md, 2026-11-30); on lavapipe
+/// (2 cores shared with the device's threads) it was 7-10 % slower.
 ///
 /// The outputs' shapes and types are declared up front (`outputs`), as fusion needs them to
 /// queue what follows; `run` must give exactly those, in that order (checked either way: a
@@ -154,9 +154,9 @@ fn check_output<T: TensorMetadata>(name: &str, t: &T, dims: &[usize], dtype: bur
     );
 }
 
-/// Whether [`in_stream`] queues its operations in fusion's stream: where `ASRT_FUSION_QUEUE` is
-/// `1`, read once per process (`0` or unset: resolved).
+/// Whether [`in_stream`] queues its operations in fusion's stream: unless `ASRT_FUSION_QUEUE` is
+/// `0`, read once per process.
 pub fn queued() -> bool {
     static QUEUED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *QUEUED.get_or_init(|| std::env::var("ASRT_FUSION_QUEUE").as_deref() == Ok("1"))
+    *QUEUED.get_or_init(|| std::env::var("ASRT_FUSION_QUEUE").as_deref() != Ok("0"))
 }

@@ -12,8 +12,8 @@
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`) under
 //! autodiff (training) with f32 tensors; `None` elsewhere, and the caller runs Burn's
 //! `BatchNorm` (evaluation reads the running statistics, a few element-wise operations). Under
-//! fusion the operation resolves its inputs and registers its outputs back, as `device_lstm`
-//! does.
+//! fusion the operation runs through `asr_tdt::fusion::in_stream` (queued in fusion's stream
+//! by default).
 //!
 //! Invariants: Burn's training semantics, as `host_batch_norm`. The batch's mean and biased
 //! variance per channel (over every row of every utterance) normalise; the running statistics

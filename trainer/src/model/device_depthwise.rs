@@ -12,8 +12,8 @@
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors; `None` elsewhere, and the caller runs the tensor form.
-//! Under fusion the operation resolves its inputs and registers its outputs back, as
-//! `device_lstm` does.
+//! Under fusion the operation runs through `asr_tdt::fusion::in_stream` (queued in fusion's
+//! stream by default).
 //!
 //! Invariants: `y[b, t, c] = bias[c] + sum_j w[j, c] x[b, t + j - K/2, c]`, frames outside
 //! `0..T` read as zero (the tensor form's padding); the weight is `[K, C]`. The backward keeps

@@ -17,8 +17,8 @@
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors; `None` elsewhere, and the caller runs Burn's `silu` and
-//! `glu`. Under fusion the operations resolve their input and register their outputs back, as
-//! `device_lstm` does.
+//! `glu`. Under fusion the operations run through `asr_tdt::fusion::in_stream` (queued in
+//! fusion's stream by default).
 //!
 //! Invariants: `sigmoid(x) = 1 / (1 + exp(-x))`; the GLU's first half is the value, the second
 //! the gate (Burn's and PyTorch's order), over the last axis; the backward keeps the input

@@ -12,8 +12,9 @@
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors and a shift; `None` elsewhere, and the caller runs Burn's
-//! form. Under fusion the operation resolves its inputs and registers its outputs back, as
-//! `device_lstm` does.
+//! form. Under fusion the operation runs through `asr_tdt::fusion::in_stream`: queued in
+//! fusion's stream by default, its inputs resolved on the calling thread with
+//! `ASRT_FUSION_QUEUE=0`.
 //!
 //! Invariants: Burn's formula, `(x - mean) / sqrt(var + eps) * gamma + beta` with the biased
 //! variance, computed in two passes (the mean, then the squared deviations from it); one cube

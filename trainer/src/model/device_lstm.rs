@@ -12,14 +12,15 @@
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors; `None` elsewhere, and the caller runs the graph form. Under
-//! fusion the operation resolves its inputs (the queued work they depend on is launched) and
-//! registers its outputs back, as the TDT loss does.
+//! fusion the operation runs through `asr_tdt::fusion::in_stream`: queued in fusion's stream
+//! by default, its inputs resolved on the calling thread with `ASRT_FUSION_QUEUE=0`.
 //!
 //! Invariants: the gates are `[input, forget, output, cell]` blocks of `H` along the last axis
 //! (`host_lstm`'s order); sigmoid on the first three, tanh on the cell candidate; the state
 //! starts at zero; `xin` holds both biases, so the operation's parameters are `xin` and the
 //! hidden weight, and their gradients are the graph form's (tested against it on wgpu).
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -313,35 +314,46 @@ where
         xin: FloatTensor<Self>,
         weight: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, Saved<Self>) {
-        let client = xin.client.clone();
-        let inner_xin = client.resolve_tensor_float::<B>(xin);
-        let inner_w = client.resolve_tensor_float::<B>(weight.clone());
-        let (out, saved) = B::recurrence_forward(inner_xin, inner_w);
-        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
-        let saved = Saved {
-            acts: adopt(saved.acts),
-            cells: adopt(saved.cells),
-            prev: adopt(saved.prev),
-            weight,
-        };
-        (adopt(out), saved)
+        let dims = xin.shape.to_vec();
+        let mut hidden = dims.clone();
+        if let Some(last) = hidden.last_mut() {
+            *last /= 4;
+        }
+        let outs = [
+            (hidden.clone(), DType::F32),
+            (dims, DType::F32),
+            (hidden.clone(), DType::F32),
+            (hidden, DType::F32),
+        ];
+        let [out, acts, cells, prev] = in_stream::<B, _, 2, 4>(
+            "recurrence_forward",
+            [xin, weight.clone()],
+            outs,
+            |[xin, weight]| {
+                let (out, saved) = B::recurrence_forward(xin, weight);
+                [out, saved.acts, saved.cells, saved.prev]
+            },
+        );
+        (out, Saved { acts, cells, prev, weight })
     }
 
     fn recurrence_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let saved = Saved {
-            acts: resolve(saved.acts),
-            cells: resolve(saved.cells),
-            prev: resolve(saved.prev),
-            weight: resolve(saved.weight),
-        };
-        let (dxin, dw) = B::recurrence_backward(saved, resolve(dy));
-        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
-        (adopt(dxin), adopt(dw))
+        let outs =
+            [(saved.acts.shape.to_vec(), DType::F32), (saved.weight.shape.to_vec(), DType::F32)];
+        let Saved { acts, cells, prev, weight } = saved;
+        let [dxin, dw] = in_stream::<B, _, 5, 2>(
+            "recurrence_backward",
+            [acts, cells, prev, weight, dy],
+            outs,
+            |[acts, cells, prev, weight, dy]| {
+                let (dxin, dw) = B::recurrence_backward(Saved { acts, cells, prev, weight }, dy);
+                [dxin, dw]
+            },
+        );
+        (dxin, dw)
     }
 }
 

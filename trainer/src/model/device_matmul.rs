@@ -21,6 +21,7 @@
 
 use std::sync::Mutex;
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
@@ -182,6 +183,24 @@ where
         let resolve = |t| client.resolve_tensor_float::<B>(t);
         let y = B::try_product(resolve(a), resolve(b), kernel)?;
         Ok(asr_tdt::fusion::adopt::<B>(&client, y))
+    }
+
+    /// In fusion's stream ([`in_stream`]): the inner backend's `product` falls back to its own
+    /// `float_matmul` where the kernel cannot run, so nothing is left to fail and be returned
+    /// here, and the 0.6B step's 1,316 products are not 1,316 round trips to fusion's thread
+    /// (an H200's step with `--matmul` was slower than without while they were: bench/RESULTS.md,
+    /// 2026-11-30).
+    fn product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        kernel: Kernel,
+        site: Site,
+    ) -> FloatTensor<Self> {
+        let out = vec![a.shape[0], b.shape[1]];
+        let [y] = in_stream::<B, _, 2, 1>("product", [a, b], [(out, DType::F32)], move |[a, b]| {
+            [B::product(a, b, kernel, site)]
+        });
+        y
     }
 }
 

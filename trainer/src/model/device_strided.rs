@@ -22,6 +22,7 @@
 //! zero; the terms are added in tap order and the bias last (the depthwise tap form's order).
 //! The backward keeps the input and the weight (shared, not copied).
 
+use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -327,10 +328,16 @@ where
         weight: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let client = x.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let y = B::strided_forward(resolve(x), resolve(weight), resolve(bias));
-        asr_tdt::fusion::adopt::<B>(&client, y)
+        let [b, h, w, _] = x.shape().dims::<4>();
+        let c = weight.shape().dims::<2>()[1];
+        let out = vec![b, out_len(h), out_len(w), c];
+        let [y] = in_stream::<B, _, 3, 1>(
+            "strided_forward",
+            [x, weight, bias],
+            [(out, DType::F32)],
+            |[x, weight, bias]| [B::strided_forward(x, weight, bias)],
+        );
+        y
     }
 
     fn strided_backward(
@@ -338,12 +345,36 @@ where
         dy: FloatTensor<Self>,
         input_grad: bool,
     ) -> (Option<FloatTensor<Self>>, FloatTensor<Self>, FloatTensor<Self>) {
-        let client = dy.client.clone();
-        let resolve = |t| client.resolve_tensor_float::<B>(t);
-        let saved = Saved { x: resolve(saved.x), weight: resolve(saved.weight) };
-        let (dx, dw, db) = B::strided_backward(saved, resolve(dy), input_grad);
-        let adopt = |t| asr_tdt::fusion::adopt::<B>(&client, t);
-        (dx.map(adopt), adopt(dw), adopt(db))
+        let channels = saved.weight.shape.to_vec().last().copied().unwrap_or(1);
+        let dx = (saved.x.shape.to_vec(), DType::F32);
+        let dw = (saved.weight.shape.to_vec(), DType::F32);
+        let db = (vec![channels], DType::F32);
+        let Saved { x, weight } = saved;
+        // Two arms: `in_stream`'s outputs are fixed in number, and without an input gradient
+        // there is no `dx` to declare.
+        if input_grad {
+            let [dx, dw, db] = in_stream::<B, _, 3, 3>(
+                "strided_backward",
+                [x, weight, dy],
+                [dx, dw, db],
+                |[x, weight, dy]| match B::strided_backward(Saved { x, weight }, dy, true) {
+                    (Some(dx), dw, db) => [dx, dw, db],
+                    (None, ..) => unreachable!("strided_backward: asked for dx, given none"),
+                },
+            );
+            (Some(dx), dw, db)
+        } else {
+            let [dw, db] = in_stream::<B, _, 3, 2>(
+                "strided_backward",
+                [x, weight, dy],
+                [dw, db],
+                |[x, weight, dy]| {
+                    let (_, dw, db) = B::strided_backward(Saved { x, weight }, dy, false);
+                    [dw, db]
+                },
+            );
+            (None, dw, db)
+        }
     }
 }
 
