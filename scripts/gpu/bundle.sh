@@ -8,6 +8,8 @@
 #   gpu-kit/reference/init/                                  `tiny` after one CPU step: the start
 #   gpu-kit/reference/metrics.jsonl                          the CPU run of `tiny` from init/
 #   gpu-kit/reference/eval.txt                               the quickstart's evaluation
+#   gpu-kit/perf.tar.xz                                      this machine's perf, its libraries
+#                                                            and loader (step hp), if it has one
 #
 #   bash scripts/gpu/bundle.sh            then run with carry ["gpu-kit"]:
 #   bash scripts/gpu/run.sh               (on the GPU machine; see its header)
@@ -90,6 +92,23 @@ for b in asrt asrt-bench make-synthetic-corpus; do
   strip --strip-debug -o "$kit/bin/$b" "$rel/$b"
   xz -T0 -9 -f "$kit/bin/$b"
 done
+step "perf with its libraries and loader, for the host's profile (run.sh's hp), if this machine has it"
+# The GPU machine has no perf. This one's, with every library it links and the loader that
+# runs it, so that it needs nothing of the GPU machine's system (run.sh starts it through
+# that loader). Without perf here the kit goes without, and hp says so.
+if command -v perf >/dev/null; then
+  pk="$(mktemp -d)"
+  mkdir -p "$pk/perf/lib"
+  cp "$(readlink -f "$(command -v perf)")" "$pk/perf/perf"
+  ldd "$pk/perf/perf" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' \
+    | while read -r lib; do cp -L "$lib" "$pk/perf/lib/"; done
+  [ -f "$pk/perf/lib/ld-linux-x86-64.so.2" ] || { echo "bundle: perf's loader not found" >&2; exit 1; }
+  "$pk/perf/lib/ld-linux-x86-64.so.2" --library-path "$pk/perf/lib" "$pk/perf/perf" --version
+  tar -C "$pk" -cf - perf | xz -T0 -9 > "$kit/perf.tar.xz"
+  rm -rf "$pk"
+else
+  echo "no perf on this machine: the kit's hp step will be skipped (apt-get install linux-perf)"
+fi
 # The commit, marked when the working tree differs from it (what the binaries were built from).
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!gpu-kit' || echo '+changes')" > "$kit/commit"
 du -b "$kit"/bin/* "$kit"/data/* "$kit"/reference/*

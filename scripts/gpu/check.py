@@ -485,6 +485,22 @@ def check_profile(rc, log, work, dry="0"):
             f"most time: {top}")
 
 
+def check_host_profile(rc, log, work):
+    """hp: each host thread's CPU time per step, split into work and spinning (host_profile.py)."""
+    if rc == 3:
+        return f"SKIPPED: {tail(log, 1)}"
+    data = load_json(os.path.join(work, "hp.json"))
+    if rc != 0 or data is None:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    save(work, "hp", data)
+    parts = []
+    for t in data["threads"][:3]:
+        shares = ", ".join(f"{c} {100 * v:.0f} %" for c, v in t["shares"].items() if v >= 0.01)
+        top = "; ".join(f"{w['symbol']} {100 * w['share_of_thread']:.0f} %" for w in t["top_work"][:2])
+        parts.append(f"{t['thread']} {t['cpu_seconds_per_step']:.3f} s/step ({shares}; most work: {top})")
+    return f"PASS: perf over {data['steps']} steps at {data['frequency']:.0f} Hz: " + " / ".join(parts)
+
+
 def check_peer_step(rc, log, work):
     if rc == 3:
         return f"SKIPPED: {tail(log, 1)}"
@@ -571,7 +587,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dp": "0.6B preset, one step's kernels", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dp": "0.6B preset, one step's kernels", "hp": "0.6B preset, host threads under perf", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:
@@ -596,6 +612,7 @@ def main():
         "profile": lambda: check_profile(rc, *args[1:]),
         "matmul": lambda: check_matmul(rc, *args[1:]),
         "peer-step": lambda: check_peer_step(rc, *args[1:]),
+        "host-profile": lambda: check_host_profile(rc, *args[1:]),
         "oom": lambda: check_oom(rc, *args[1:]),
         "refusals": lambda: check_refusals(rc, *args[1:]),
     }[kind]())

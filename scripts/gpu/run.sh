@@ -9,7 +9,7 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,c,cg,d,dw,dr,dp,e,mm,g --budget 540 --cap 180, and
+# call of at most 10 minutes should run: --only env,g,c,cg,d,dw,dr,hp,e,mm --budget 540 --cap 180, and
 # ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
 # --work DIR (keep the working folder for a later call on the same machine, see below).
 #
@@ -47,6 +47,11 @@
 #        (CUBECL_DEBUG_LOG), 3 steps less 1, over 2: launches, their device time against the
 #        step's wall time, and the kernels that take it (scripts/gpu/profile_summary.py; a dry run
 #        profiles on wgpu)
+#   hp   dw's run under perf (the kit's own copy, bundled from the build machine; skipped where
+#        perf cannot attach): each host thread's CPU time from step 3 on, split into work,
+#        spinning on CubeCL's task rings, the CUDA driver and the kernel, with its busiest
+#        symbols (scripts/gpu/host_profile.py): which of the training, fusion and device threads
+#        bounds the step, where threads.py shows only how busy each is
 #   du   dw with --fusion off (one kernel per operation): what fusion gains
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
@@ -90,8 +95,9 @@ while [ $# -gt 0 ]; do
     --short)
       # mm rather than db or du: products are half of a steady step's device time, and mm's
       # timings let a second call's dm train with the fastest kernel; db's and du's figures
-      # were measured (bench/RESULTS.md).
-      only="env,c,cg,d,dw,dr,dp,e,mm,g"; budget=540; cap=180
+      # were measured (bench/RESULTS.md). hp rather than dp: dp's launches and device time
+      # were measured on three loans, within 10 % of each other; the host's side was not.
+      only="env,g,c,cg,d,dw,dr,hp,e,mm"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -186,6 +192,14 @@ else
   export LD_LIBRARY_PATH="${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export ASRT_KERNEL_CACHE="$work/kernel-cache"
+# perf for hp: the kit's copy (bundle.sh packs the build machine's perf with its libraries and
+# loader, as the GPU machine has none), run through that loader; else one on the PATH.
+perf_cmd=""
+if [ -f "$kit/perf.tar.xz" ] && [ "$dry" != 1 ]; then
+  mkdir -p "$work/perf-kit" && tar -C "$work/perf-kit" -xJf "$kit/perf.tar.xz" 2>/dev/null \
+    && perf_cmd="$work/perf-kit/perf/lib/ld-linux-x86-64.so.2 --library-path $work/perf-kit/perf/lib $work/perf-kit/perf/perf"
+fi
+[ -z "$perf_cmd" ] && command -v perf >/dev/null && perf_cmd=perf
 # Backtraces for panics (a bug to fix), not for errors (messages that already say what is wrong).
 export RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
 
@@ -427,6 +441,42 @@ step_dp() {
 }
 check_dp() { py profile "$1" "$logs/dp.log" "$work" "$dry"; }
 
+# dw's run under perf from its third step on (the first compiles what the cache lacks and
+# allocates the pool's pages): samples of every thread of the process, each classed as work or
+# as spinning on CubeCL's task rings (host_profile.py). Exit 3: no perf, or it cannot attach.
+hp_freq=499
+step_hp() {
+  [ -f "$work/parakeet.toml" ] || { echo "hp runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  [ -n "$perf_cmd" ] || { echo "no perf: neither the kit's (bundle.sh packs it when the build machine has one) nor on the PATH"; return 3; }
+  # Whether perf may sample here at all (containers often forbid perf_event_open).
+  $perf_cmd record -F "$hp_freq" -e cpu-clock -o "$work/hp-probe.data" -- true > "$work/hp-probe.log" 2>&1 \
+    || { echo "perf cannot sample here: $(tail -n 2 "$work/hp-probe.log" | tr '\n' ' ')"; return 3; }
+  local pdev="$train_dev" steps=8 from=2 pid perf rc
+  [ "$dry" = 1 ] && { pdev="$dev"; steps=4; }
+  rm -rf "$work/hp-run"
+  "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/hp-run" \
+    --device "$pdev" --max-steps "$steps" --quiet &
+  pid=$!
+  # Wait for step $from's line, then record until the run ends.
+  while kill -0 "$pid" 2>/dev/null && [ "$(cat "$work/hp-run/metrics.jsonl" 2>/dev/null | wc -l)" -lt "$from" ]; do
+    sleep 0.05
+  done
+  $perf_cmd record -F "$hp_freq" -e cpu-clock -o "$work/hp.data" -p "$pid" > "$work/hp-record.log" 2>&1 &
+  perf=$!
+  wait "$pid"; rc=$?
+  wait "$perf"
+  [ "$rc" -eq 0 ] || { echo "the run failed (exit $rc)"; return "$rc"; }
+  local done_steps; done_steps=$(wc -l < "$work/hp-run/metrics.jsonl")
+  $perf_cmd report -i "$work/hp.data" --no-children --sort comm,dso,sym -n --stdio -g none \
+    > "$work/hp-report.txt" 2> "$work/hp-report.log" || { cat "$work/hp-report.log"; return 1; }
+  python3 "$repo/scripts/gpu/host_profile.py" "$work/hp-report.txt" --frequency "$hp_freq" \
+    --steps "$((done_steps - from))" --json "$work/hp.json"
+  local prc=$?
+  rm -f "$work/hp.data" "$work/hp-probe.data"
+  return $prc
+}
+check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
+
 # Each matmul kernel of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
 # strategies, bare): time, TFLOP/s, error against float64, the fastest correct (mm.json).
 step_mm() {
@@ -562,8 +612,8 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
-export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
+export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
 # g first after env: it takes seconds, and a call's budget may run out before the last steps
@@ -578,6 +628,7 @@ run_step d 600 step_d
 run_step dw 300 step_dw
 run_step dr 300 step_dr
 run_step dp 240 step_dp
+run_step hp 120 step_hp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e
 run_step mm 240 step_mm
