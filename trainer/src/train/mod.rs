@@ -27,6 +27,7 @@ pub mod flat_adamw;
 pub mod fused;
 pub mod grad_norms;
 pub mod grads;
+pub mod graph_join;
 pub mod graph_release;
 pub mod host_joint;
 pub mod kernel_limit;
@@ -460,6 +461,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
         let (feats, frame_lens) = self.features(batch, train)?;
+        // Before the forward's first operation meets a parameter (graph_join's module doc).
+        graph_join::join(&self.model);
         let (enc, enc_lens) = self.model.encode(cfg, feats, &frame_lens);
         let u = batch.max_tokens;
         let ids: Vec<i64> = batch.tokens.iter().map(|&x| i64::from(x)).collect();
@@ -522,6 +525,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
     ) -> Result<f64, TrainError> {
         self.begin_micro(self.micro);
         let (feats, frame_lens) = self.features(batch, true)?;
+        graph_join::join(&self.model);
         let (enc, _) = self.model.encode(&self.cfg.model, feats, &frame_lens);
         let loss = enc.powi_scalar(2).mean();
         let value: f32 = loss.clone().into_scalar().elem();

@@ -1,0 +1,219 @@
+//! Puts every trainable parameter in one autodiff graph before a forward pass, so that the
+//! forward's operations do not merge graphs.
+//!
+//! Burn 0.21's autodiff gives each tensor marked `require_grad` (each parameter) a graph of its
+//! own, and an operation whose parents lie in several graphs merges them
+//! (`GraphLocator::merge`). The merge keeps whichever graph a hash map's drain yields first
+//! and moves every node of the others into it: when that is a parameter's one-node graph, the
+//! whole forward graph so far is moved. A forward meets each parameter once, so about half of
+//! its few hundred parameter uses moved a graph of thousands of nodes. perf put 59 % of the
+//! training thread's own work (not its waiting) in `GraphLocator::select` on the 0.6B preset's
+//! structure (bench/RESULTS.md, 2026-11-30), where that thread's rate of operations may bound a
+//! GPU step.
+//!
+//! [`join`] runs, before the forward, a tree of no-op nodes over the parameters, eight parents
+//! each: the merges then move graphs of a few nodes, and once the forward's first operation
+//! meets a parameter every later one finds its parents in one graph. A join node's value is its
+//! first parent's (the same buffer, no launch), nothing reads it, and it is dropped at once: no
+//! backward reaches it, and the backward's clean-up frees it with the other nodes no live
+//! tensor refers to (`graph_release`'s module doc). `ASRT_GRAPH_JOIN=0` turns it off (for A/B
+//! runs; read once per process).
+//!
+//! Invariants: the gradients are the same bits with and without it (tested); a module without
+//! a trainable parameter is left alone.
+
+use std::any::Any;
+use std::marker::PhantomData;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::Tensor;
+
+/// Parents per join node.
+const FAN: usize = 8;
+
+/// Joins the graphs of `module`'s trainable parameters into one (see the module), unless
+/// `ASRT_GRAPH_JOIN=0`. On an autodiff backend other than the trainer's it does nothing.
+pub fn join<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) {
+    if !enabled() {
+        return;
+    }
+    let mut params = Params::<B> { tensors: Vec::new() };
+    module.visit(&mut params);
+    if params.tensors.len() < 2 {
+        return;
+    }
+    let tensors = params.tensors;
+    macro_rules! try_backend {
+        ($inner:ty) => {
+            if std::any::TypeId::of::<B>() == std::any::TypeId::of::<Autodiff<$inner>>() {
+                let tensors: Vec<FloatTensor<Autodiff<$inner>>> =
+                    tensors.into_iter().filter_map(|t| downcast(t)).collect();
+                join_on::<$inner, ()>(tensors, ());
+                return;
+            }
+        };
+    }
+    try_backend!(burn::backend::NdArray);
+    try_backend!(burn::backend::Flex);
+    #[cfg(feature = "wgpu")]
+    {
+        try_backend!(burn::backend::Wgpu);
+        try_backend!(burn_fusion::Fusion<burn::backend::Wgpu>);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        try_backend!(burn::backend::Cuda);
+        try_backend!(burn_fusion::Fusion<burn::backend::Cuda>);
+    }
+}
+
+/// Whether [`join`] runs: unless `ASRT_GRAPH_JOIN` is `0`, read once per process.
+pub fn enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("ASRT_GRAPH_JOIN").as_deref() != Ok("0"))
+}
+
+fn downcast<P: 'static, T: 'static>(p: P) -> Option<T> {
+    (Box::new(p) as Box<dyn Any>).downcast::<T>().ok().map(|b| *b)
+}
+
+/// The tree of join nodes over `tensors`, level by level, each node's output dropped once the
+/// level above holds it as a parent. Each node keeps a clone of `state` (`()`; the tests count
+/// a token's clones to see the nodes freed).
+fn join_on<X: Backend, S: JoinState>(mut tensors: Vec<FloatTensor<Autodiff<X>>>, state: S) {
+    while tensors.len() > 1 {
+        tensors = tensors.chunks(FAN).map(|chunk| join_node(chunk, state.clone())).collect();
+    }
+}
+
+/// What a join node keeps.
+trait JoinState: Clone + Send + std::fmt::Debug + 'static {}
+impl<S: Clone + Send + std::fmt::Debug + 'static> JoinState for S {}
+
+/// One join node over `chunk` (at most [`FAN`] tensors; a shorter chunk repeats its first as
+/// the missing parents, which adds no graph).
+fn join_node<X: Backend, S: JoinState>(
+    chunk: &[FloatTensor<Autodiff<X>>],
+    state: S,
+) -> FloatTensor<Autodiff<X>> {
+    let parents = std::array::from_fn(|i| chunk.get(i).unwrap_or(&chunk[0]).node.clone());
+    let value: FloatTensor<X> = chunk[0].primitive.clone();
+    match Join::<S>(PhantomData).prepare::<NoCheckpointing>(parents).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(state, value),
+        OpsKind::UnTracked(prep) => prep.finish(value),
+    }
+}
+
+/// A join node: its value is its first parent's, so a backward that reached it (none does)
+/// would pass its gradient to that parent alone.
+#[derive(Debug)]
+struct Join<S>(PhantomData<S>);
+
+impl<X: Backend, S: JoinState> Backward<X, FAN> for Join<S> {
+    type State = S;
+
+    fn backward(self, ops: Ops<S, FAN>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<X>(&ops.node);
+        if let Some(first) = &ops.parents[0] {
+            grads.register::<X>(first.id, dy);
+        }
+    }
+}
+
+/// The primitives of the trainable parameters, in the module's order.
+struct Params<B: AutodiffBackend> {
+    tensors: Vec<FloatTensor<B>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Params<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let value = param.val();
+        if value.is_require_grad() {
+            self.tensors.push(value.into_primitive().tensor());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::optim::GradientsParams;
+
+    type B = Autodiff<NdArray>;
+
+    #[derive(Module, Debug)]
+    struct Net<B: Backend> {
+        layers: Vec<Linear<B>>,
+    }
+
+    fn net() -> Net<B> {
+        let device = Default::default();
+        // 11 layers, 22 parameters: three levels of join nodes, the last chunk short.
+        let layers = (0..11).map(|_| LinearConfig::new(5, 5).init(&device)).collect();
+        Net { layers }
+    }
+
+    fn gradients(model: &Net<B>, joined: bool) -> Vec<Vec<u32>> {
+        if joined {
+            join(model);
+        }
+        let mut x = Tensor::<B, 2>::from_floats([[0.5, -1.0, 2.0, 0.25, 1.5]], &Default::default());
+        for layer in &model.layers {
+            x = layer.forward(x).tanh();
+        }
+        let grads = GradientsParams::from_grads(x.sum().backward(), model);
+        model
+            .layers
+            .iter()
+            .flat_map(|l| {
+                let w = grads.get::<NdArray, 2>(l.weight.id).expect("a weight's gradient");
+                let b = grads
+                    .get::<NdArray, 1>(l.bias.as_ref().expect("a bias").id)
+                    .expect("a bias's gradient");
+                [w.into_data().to_vec::<f32>().unwrap(), b.into_data().to_vec::<f32>().unwrap()]
+            })
+            .map(|v| v.into_iter().map(f32::to_bits).collect())
+            .collect()
+    }
+
+    #[test]
+    fn the_backward_frees_the_join_nodes() {
+        let model = net();
+        let token = std::sync::Arc::new(());
+        let mut params = Params::<B> { tensors: Vec::new() };
+        model.visit(&mut params);
+        join_on::<NdArray, _>(params.tensors, token.clone());
+        // 22 parameters: 3 + 1 join nodes, each keeping a clone until the backward's clean-up.
+        assert_eq!(std::sync::Arc::strong_count(&token), 5);
+        let mut x = Tensor::<B, 2>::ones([1, 5], &Default::default());
+        for layer in &model.layers {
+            x = layer.forward(x);
+        }
+        drop(x.sum().backward());
+        assert_eq!(std::sync::Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn gives_the_same_gradients_bit_for_bit() {
+        let model = net();
+        let plain = gradients(&model, false);
+        let joined = gradients(&model, true);
+        assert_eq!(plain.len(), 22);
+        assert_eq!(plain, joined);
+        // Again on the same parameters, whose graphs the first backward left (as the next
+        // micro-batch of a step finds them), and twice before one backward.
+        assert_eq!(gradients(&model, true), plain);
+        join(&model);
+        assert_eq!(gradients(&model, true), plain);
+    }
+}
