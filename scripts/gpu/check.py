@@ -587,7 +587,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dp": "0.6B preset, one step's kernels", "hp": "0.6B preset, host threads under perf", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dj": "0.6B preset, warm, parameters' graphs not joined", "dp": "0.6B preset, one step's kernels", "hp": "0.6B preset, host threads under perf", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:

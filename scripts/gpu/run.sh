@@ -9,14 +9,15 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,g,c,cg,d,dw,dr,hp,e,mm --budget 540 --cap 180, and
+# call of at most 10 minutes should run: --only env,g,c,cg,d,dw,dr,dj,hp,e --budget 540 --cap 180, and
 # ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
 # --work DIR (keep the working folder for a later call on the same machine, see below).
 #
 # A session's device time is short (15 minutes, machine start included). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only dm,db --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only mm,dm --budget SECONDS --work /tmp/asrt-kit
+# (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s.)
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count and mm's timings, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
@@ -38,7 +39,8 @@
 #        (ASRT_POISON_BUFFERS=1) the same bits (a dry run does this on lavapipe)
 #   d    the Parakeet-TDT-0.6B preset on synthetic 5-20 s utterances, a few optimizer steps:
 #        step time, audio-s/s, peak device memory, data-wait share; each host thread's busy
-#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dr, dm, du, db, d2)
+#        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dr, dj, dm, du, db,
+#        d2)
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
 #        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
 #   dr   dw with the trainer's operations resolved on the training thread (ASRT_FUSION_QUEUE=0)
@@ -47,6 +49,8 @@
 #        (CUBECL_DEBUG_LOG), 3 steps less 1, over 2: launches, their device time against the
 #        step's wall time, and the kernels that take it (scripts/gpu/profile_summary.py; a dry run
 #        profiles on wgpu)
+#   dj   dw without the parameters joined into one autodiff graph before each forward
+#        (ASRT_GRAPH_JOIN=0, train::graph_join): what the join gains
 #   hp   dw's run under perf (the kit's own copy, bundled from the build machine; skipped where
 #        perf cannot attach): each host thread's CPU time from step 3 on, split into work,
 #        spinning on CubeCL's task rings, the CUDA driver and the kernel, with its busiest
@@ -96,8 +100,9 @@ while [ $# -gt 0 ]; do
       # mm rather than db or du: products are half of a steady step's device time, and mm's
       # timings let a second call's dm train with the fastest kernel; db's and du's figures
       # were measured (bench/RESULTS.md). hp rather than dp: dp's launches and device time
-      # were measured on three loans, within 10 % of each other; the host's side was not.
-      only="env,g,c,cg,d,dw,dr,hp,e,mm"; budget=540; cap=180
+      # were measured on three loans, within 10 % of each other; the host's side was not. mm
+      # goes to the second call, with dm, which needs its timings.
+      only="env,g,c,cg,d,dw,dr,dj,hp,e"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -421,6 +426,12 @@ step_dr() {
 }
 check_dr() { py train-big "$1" "$logs/dr.log" "$work" dr; }
 
+# dw without train::graph_join (ASRT_GRAPH_JOIN=0): Burn's autodiff then merges each
+# parameter's graph into the forward's at its first use, which moved the whole forward graph
+# about half the time and took most of the training thread's own work on lavapipe.
+step_dj() { ASRT_GRAPH_JOIN=0 warm_run dj "$train_dev"; }
+check_dj() { py train-big "$1" "$logs/dj.log" "$work" dj; }
+
 # dw's run profiled: CubeCL logs every launch with its device time. The first steps of the
 # two runs are the same batches, so 3 steps less 1 is two steady steps (their kernels compiled
 # by d, or here in the 1-step run for the dry run's wgpu).
@@ -612,7 +623,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
 export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -627,6 +638,7 @@ run_step cg 240 step_cg
 run_step d 600 step_d
 run_step dw 300 step_dw
 run_step dr 300 step_dr
+run_step dj 300 step_dj
 run_step dp 240 step_dp
 run_step hp 120 step_hp
 # e before the other variants of d: d's warm run over e's is the headline figure.

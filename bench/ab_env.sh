@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# An A/B of one of the trainer's switches read from the environment (ASRT_FUSION_QUEUE,
+# ASRT_GRAPH_JOIN, ...): VAR=0 against VAR=1 with one binary, alternated twice in one
+# invocation, on the 0.6B preset's structure (24 layers) at width 64 on DEVICE (default wgpu),
+# AB_STEPS steps (default 40) of 2 x 6 s utterances. Per run: the median step time from step 11
+# on (from step 6 when AB_STEPS is under 30), the last loss,
+# and where perf is present each host thread's CPU time per step over those steps, split into
+# work and spinning on CubeCL's task rings (scripts/gpu/host_profile.py); else the busiest
+# threads (scripts/gpu/threads.py). bench/RESULTS.md, 2026-11-29 (21:24) and 2026-11-30.
+#
+#   bash bench/ab_env.sh VAR [ASRT] [DEVICE]     ASRT defaults to the release build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$(pwd)"
+var="${1:?usage: bench/ab_env.sh VAR [ASRT] [DEVICE]}"
+target="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
+asrt="${2:-$target/release/asrt}"
+device="${3:-wgpu}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}"
+"$target/release/make-synthetic-corpus" "$work/fixed.asrcorpus" --utterances 64 --vocab 1024 \
+  --min-seconds 6 --max-seconds 6 --max-tokens 30 > /dev/null
+printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 12.0\n' > "$work/ab.toml"
+freq=499
+steps="${AB_STEPS:-40}"
+skip=10
+[ "$steps" -lt 30 ] && skip=5
+for round in 1 2; do
+  for value in 0 1; do
+    run="$work/v$value-$round"
+    env "$var=$value" "$asrt" train "$work/fixed.asrcorpus" --config "$work/ab.toml" --out "$run" \
+      --device "$device" --max-steps "$steps" --quiet > "$run.log" 2>&1 &
+    pid=$!
+    if command -v perf > /dev/null; then
+      # From step skip + 1 on: the first steps compile kernels and fill the memory pool.
+      while kill -0 "$pid" 2> /dev/null && [ "$(cat "$run/metrics.jsonl" 2> /dev/null | wc -l)" -lt "$skip" ]; do
+        sleep 0.05
+      done
+      perf record -F "$freq" -e cpu-clock -o "$run.perf" -p "$pid" > "$run.perf.log" 2>&1 || true
+      perf report -i "$run.perf" --no-children --sort comm,dso,sym -n --stdio -g none \
+        > "$run.report" 2> /dev/null || true
+    else
+      python3 scripts/gpu/threads.py sample "$pid" "$run.threads" --metrics "$run/metrics.jsonl"
+    fi
+    wait "$pid" || { cat "$run.log"; exit 1; }
+    python3 - "$run" "$var=$value" "$round" "$repo" "$freq" "$skip" <<'PY'
+import json, os, statistics, subprocess, sys
+run, label, rnd, repo, freq, skip = sys.argv[1:]
+skip = int(skip)
+ms = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+steps = [m["ranks"][0]["step_seconds"] for m in ms[skip:]]
+line = (f"{label}, round {rnd}: steps {skip + 1}-{len(ms)} median {statistics.median(steps):.4f} s, "
+        f"loss at step {len(ms)} {ms[-1]['loss']:.4f}")
+if os.path.exists(f"{run}.report"):
+    sys.path.insert(0, f"{repo}/scripts/gpu")
+    from host_profile import summarise
+    with open(f"{run}.report", errors="replace") as f:
+        p = summarise(f, float(freq), len(ms) - skip)
+    parts = []
+    for t in p["threads"][:3]:
+        sh = t["shares"]
+        parts.append(f"{t['thread']} {t['cpu_seconds_per_step']:.3f} s/step, work "
+                     f"{t['work_seconds_per_step']:.3f} (spin {100 * (sh.get('enqueue spin', 0) + sh.get('idle spin', 0)):.0f} %)")
+    line += "; perf: " + "; ".join(parts)
+else:
+    t = json.loads(subprocess.run([sys.executable, f"{repo}/scripts/gpu/threads.py", "summary", f"{run}.threads",
+                                   "--from-step", str(skip + 1)], capture_output=True, text=True).stdout)
+    line += "; busy: " + ", ".join(f"{g['thread']} x{g['count']} {100 * g['busy']:.0f} %" for g in t.get("by_name", [])[:3])
+print(line)
+PY
+  done
+done
