@@ -133,13 +133,22 @@ def check_tdt(rc, log, result):
     return f"{verdict}: {note}"
 
 
+def step_result(rc, log, path):
+    """A step's JSON result, or the verdict it gets without one: SKIPPED where the step exited 3
+    (what it needs is missing here), FAIL where it failed or wrote nothing."""
+    if rc == 3:
+        return None, f"SKIPPED: {tail(log, 1)}"
+    data = load_json(path)
+    if rc != 0 or data is None:
+        return None, f"FAIL: exit {rc}; {tail(log)}"
+    return data, None
+
+
 def check_peer(rc, log, result, ours):
     work = os.path.dirname(result)
-    if rc == 3:
-        return f"SKIPPED: {tail(log, 1)}"
-    data = load_json(result)
-    if rc != 0 or data is None:
-        return f"FAIL: exit {rc}; {tail(log)}"
+    data, verdict = step_result(rc, log, result)
+    if verdict:
+        return verdict
     a = load_json(ours) or {"cases": []}
     peer_case = [c for c in a["cases"] if c["case"] == "peer"]
     figures = dict(data)
@@ -487,11 +496,9 @@ def check_profile(rc, log, work, dry="0"):
 
 def check_host_profile(rc, log, work):
     """hp: each host thread's CPU time per step, split into work and spinning (host_profile.py)."""
-    if rc == 3:
-        return f"SKIPPED: {tail(log, 1)}"
-    data = load_json(os.path.join(work, "hp.json"))
-    if rc != 0 or data is None:
-        return f"FAIL: exit {rc}; {tail(log)}"
+    data, verdict = step_result(rc, log, os.path.join(work, "hp.json"))
+    if verdict:
+        return verdict
     save(work, "hp", data)
     parts = []
     for t in data["threads"][:3]:
@@ -502,11 +509,9 @@ def check_host_profile(rc, log, work):
 
 
 def check_peer_step(rc, log, work):
-    if rc == 3:
-        return f"SKIPPED: {tail(log, 1)}"
-    data = load_json(os.path.join(work, "e.json"))
-    if rc != 0 or data is None:
-        return f"FAIL: exit {rc}; {tail(log)}"
+    data, verdict = step_result(rc, log, os.path.join(work, "e.json"))
+    if verdict:
+        return verdict
     # The warm-cache run (dw) when there is one: d's steps include kernel compilation.
     ours = load_json(os.path.join(work, "summary-dw.json")) or load_json(os.path.join(work, "summary-d.json")) or {}
     figures = dict(data)
