@@ -61,9 +61,9 @@
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
 #        time scales with the batch
-#   mm   each matmul kernel of `asrt train --matmul` (cubek's strategies) at the 0.6B preset's
-#        linear products, forward and both gradients' forms: time, TFLOP/s, error against
-#        float64, the fastest correct one (asrt-bench matmul)
+#   mm   the matmul kernels of `asrt train --matmul` (cubek's strategies, those in mm_kernels)
+#        at the 0.6B preset's linear products, forward and both gradients' forms: time,
+#        TFLOP/s, error against float64, the fastest correct one (asrt-bench matmul)
 #   dm   dw with mm's fastest correct kernel other than Burn's (`--matmul`), run twice (the
 #        first compiles it)
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
@@ -490,8 +490,17 @@ check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
 
 # Each matmul kernel of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
 # strategies, bare): time, TFLOP/s, error against float64, the fastest correct (mm.json).
+# Not every kernel: those an H200 timed at 1.7x Burn's total or slower over these cases (the unit
+# kernels, double-cyclic-cmma, double-tilewise-cmma, double-hybrid-cmma, ordered-double-cmma;
+# bench/RESULTS.md, 2026-11-30) give their compilation time to the variants of the fastest
+# (ASRT_MM_KERNELS overrides the list; "all" times every kernel).
+mm_kernels="burn,simple-cyclic-cmma,simple-cyclic-mma,simple-tma-cmma,double-cyclic-mma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma,ordered-double-mma"
+mm_kernels="$mm_kernels,simple-cyclic-cmma-multi-rows,simple-cyclic-mma-multi-rows,simple-tma-mma,simple-tma-cmma-multi-rows,simple-tma-mma-multi-rows,double-cyclic-mma-specialized,double-tma-cmma-specialized,double-tma-mma-specialized,double-async-cyclic-mma,double-async-strided-mma,specialized-cyclic-mma,specialized-tma-mma,ordered-double-mma-rows4,ordered-double-mma-rows8"
 step_mm() {
-  "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 > "$work/mm.json"
+  local list=(--kernels "${ASRT_MM_KERNELS:-$mm_kernels}")
+  # A dry run times them all: lavapipe has no tensor cores, and runs only the unit kernels.
+  { [ "${ASRT_MM_KERNELS:-}" = all ] || [ "$dry" = 1 ]; } && list=()
+  "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 "${list[@]}" > "$work/mm.json"
 }
 check_mm() { py matmul "$1" "$logs/mm.log" "$work"; }
 
@@ -624,7 +633,7 @@ step_g() {
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
 export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
-export dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
+export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
 # g first after env: it takes seconds, and a call's budget may run out before the last steps
@@ -643,7 +652,7 @@ run_step dp 240 step_dp
 run_step hp 120 step_hp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e
-run_step mm 240 step_mm
+run_step mm 330 step_mm
 run_step dm 400 step_dm
 run_step du 300 step_du
 run_step db 400 step_db

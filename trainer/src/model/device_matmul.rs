@@ -30,6 +30,12 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_fusion::{Fusion, FusionBackend};
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::Strategy;
+use cubek::matmul::routines::double_buffering::DoubleBufferingArgs;
+use cubek::matmul::routines::ordered_double_buffering::{
+    OrderedDoubleBufferingAlgorithm, OrderedSelectionArgs,
+};
+use cubek::matmul::routines::simple::SimpleArgs;
+use cubek::matmul::routines::{BlueprintStrategy, Routine};
 use cubek::std::InputBinding;
 
 use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
@@ -54,8 +60,49 @@ fn strategy(kernel: Kernel) -> Option<Strategy> {
         Kernel::SpecializedTmaCmma => Strategy::SpecializedTmaCmma(Default::default()),
         Kernel::OrderedDoubleCmma => Strategy::OrderedDoubleCmma(Default::default()),
         Kernel::OrderedDoubleMma => Strategy::OrderedDoubleMma(Default::default()),
+        Kernel::SimpleCyclicCmmaMultiRows => Strategy::SimpleCyclicCmma(multi_rows()),
+        Kernel::SimpleCyclicMmaMultiRows => Strategy::SimpleCyclicMma(multi_rows()),
+        Kernel::SimpleTmaMma => Strategy::SimpleTmaMma(Default::default()),
+        Kernel::SimpleTmaCmmaMultiRows => Strategy::SimpleTmaCmma(multi_rows()),
+        Kernel::SimpleTmaMmaMultiRows => Strategy::SimpleTmaMma(multi_rows()),
+        Kernel::DoubleCyclicMmaSpecialized => Strategy::DoubleCyclicMma(specialized()),
+        Kernel::DoubleTmaCmmaSpecialized => Strategy::DoubleTmaCmma(specialized()),
+        Kernel::DoubleTmaMmaSpecialized => Strategy::DoubleTmaMma(specialized()),
+        Kernel::DoubleAsyncCyclicMma => Strategy::DoubleAsyncCyclicMma(Default::default()),
+        Kernel::DoubleAsyncStridedMma => Strategy::DoubleAsyncStridedMma(Default::default()),
+        Kernel::SpecializedCyclicMma => Strategy::SpecializedCyclicMma(Default::default()),
+        Kernel::SpecializedTmaMma => Strategy::SpecializedTmaMma(Default::default()),
+        Kernel::OrderedDoubleMmaRows4 => Strategy::OrderedDoubleMma(ordered(4)),
+        Kernel::OrderedDoubleMmaRows8 => Strategy::OrderedDoubleMma(ordered(8)),
         Kernel::SimpleUnit => Strategy::SimpleUnit(Default::default()),
         Kernel::DoubleUnit => Strategy::DoubleUnit(Default::default()),
+    })
+}
+
+/// Inferred blueprint, several rows of tiles per plane (the tile kind is stamped by the strategy).
+fn multi_rows<A>() -> BlueprintStrategy<(), A>
+where
+    A: Routine<(), Strategy = SimpleArgs>,
+{
+    BlueprintStrategy::Inferred(SimpleArgs { multi_rows: true, ..Default::default() })
+}
+
+/// Inferred blueprint, loading and computing warps specialised.
+fn specialized<A>() -> BlueprintStrategy<(), A>
+where
+    A: Routine<(), Strategy = DoubleBufferingArgs>,
+{
+    BlueprintStrategy::Inferred(DoubleBufferingArgs { specialized: true, ..Default::default() })
+}
+
+/// Inferred blueprint of the ordered double buffering with `rows` rows of planes, k split in 2
+/// partitions and 2 rows per plane (Burn's autotune's two settings).
+fn ordered(rows: u32) -> BlueprintStrategy<(), OrderedDoubleBufferingAlgorithm> {
+    BlueprintStrategy::Inferred(OrderedSelectionArgs {
+        partition_k: Some(2),
+        row_count: Some(rows),
+        rows_per_plane: Some(2),
+        ..Default::default()
     })
 }
 

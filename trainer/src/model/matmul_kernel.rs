@@ -38,6 +38,38 @@ pub enum Kernel {
     OrderedDoubleCmma,
     /// Double-buffered stages in a fixed order, MMA tiles.
     OrderedDoubleMma,
+    // The rest of Burn 0.21's own autotune candidates for accelerated products (burn-cubecl's
+    // `kernel/matmul/tune`), which `Burn` does not tune over, and the same options on the TMA
+    // kernels: timed by `asrt-bench matmul` on a GPU before any is chosen.
+    /// [`Kernel::SimpleCyclicCmma`] with several rows of tiles per plane.
+    SimpleCyclicCmmaMultiRows,
+    /// [`Kernel::SimpleCyclicMma`] with several rows of tiles per plane.
+    SimpleCyclicMmaMultiRows,
+    /// One stage loaded by TMA, MMA tiles.
+    SimpleTmaMma,
+    /// [`Kernel::SimpleTmaCmma`] with several rows of tiles per plane.
+    SimpleTmaCmmaMultiRows,
+    /// [`Kernel::SimpleTmaMma`] with several rows of tiles per plane.
+    SimpleTmaMmaMultiRows,
+    /// [`Kernel::DoubleCyclicMma`] with loading and computing warps specialised.
+    DoubleCyclicMmaSpecialized,
+    /// [`Kernel::DoubleTmaCmma`] with loading and computing warps specialised.
+    DoubleTmaCmmaSpecialized,
+    /// [`Kernel::DoubleTmaMma`] with loading and computing warps specialised.
+    DoubleTmaMmaSpecialized,
+    /// Double-buffered stages, asynchronous cyclic loading (`cp.async`), MMA tiles.
+    DoubleAsyncCyclicMma,
+    /// Double-buffered stages, asynchronous strided loading (`cp.async`), MMA tiles.
+    DoubleAsyncStridedMma,
+    /// Loading and computing warps specialised, cyclic loading, MMA tiles.
+    SpecializedCyclicMma,
+    /// Loading and computing warps specialised, TMA loading, MMA tiles.
+    SpecializedTmaMma,
+    /// [`Kernel::OrderedDoubleMma`] with Burn's autotune's first setting: k split in 2
+    /// partitions, 4 rows of planes, 2 rows per plane.
+    OrderedDoubleMmaRows4,
+    /// [`Kernel::OrderedDoubleMma`] with 8 rows of planes (k in 2 partitions, 2 rows per plane).
+    OrderedDoubleMmaRows8,
     /// One unit per output tile, one stage (no tensor cores).
     SimpleUnit,
     /// One unit per output tile, double-buffered (no tensor cores).
