@@ -445,9 +445,10 @@ def host_threads(work, name, figures):
             f"{busiest}{gpu}")
 
 
-def check_matmul(rc, log, work):
-    """mm: every kernel ran right or said why not; the fastest correct kernel over Burn's."""
-    data = load_json(os.path.join(work, "mm.json"))
+def check_matmul(rc, log, work, name="mm"):
+    """mm (f32 operands) and mb (bf16): every kernel ran right or said why not; the fastest
+    correct kernel over Burn's."""
+    data = load_json(os.path.join(work, f"{name}.json"))
     if rc != 0 or data is None:
         return f"FAIL: exit {rc}; {tail(log)}"
     rows = data["results"]
@@ -467,7 +468,8 @@ def check_matmul(rc, log, work):
         note.append("WRONG (error over " + str(data["error_bound"]) + "): " + ", ".join(wrong))
     if unavailable:
         note.append(f"{len(unavailable)} unavailable here")
-    save(work, "mm", {"totals": data["totals"], "fastest_correct": best})
+    save(work, name, {"operands": data.get("operands", "f32"), "totals": data["totals"],
+                      "fastest_correct": best})
     return f"{'PASS' if best and not wrong else 'FAIL'}: " + "; ".join(note)
 
 
@@ -593,6 +595,7 @@ def summary(records, work, out, dry):
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
              "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dj": "0.6B preset, warm, parameters' graphs not joined", "dp": "0.6B preset, one step's kernels", "hp": "0.6B preset, host threads under perf", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
+             "mb": "matmul kernels on bf16 operands, f32 out", "bm": "0.6B preset, bf16-mixed, mb's fastest matmul (second run)",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]
     for r in rows:

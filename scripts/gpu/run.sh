@@ -66,6 +66,9 @@
 #        TFLOP/s, error against float64, the fastest correct one (asrt-bench matmul)
 #   dm   dw with mm's fastest correct kernel other than Burn's (`--matmul`), run twice (the
 #        first compiles it)
+#   mb   mm with mixed precision's operands, bf16 in and f32 out (`--operands bf16`)
+#   bm   db with mb's fastest correct kernel other than Burn's for the linear layers' products,
+#        run twice
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
 #        bf16 autocast, with its TDT loss and with a log-softmax in its place (bench/peer_step.py);
 #        d over e is the headline figure (ASRT_PEER_RUNS picks the runs; e runs right after dp)
@@ -496,13 +499,28 @@ check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
 # (ASRT_MM_KERNELS overrides the list; "all" times every kernel).
 mm_kernels="burn,simple-cyclic-cmma,simple-cyclic-mma,simple-tma-cmma,double-cyclic-mma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma,ordered-double-mma"
 mm_kernels="$mm_kernels,simple-cyclic-cmma-multi-rows,simple-cyclic-mma-multi-rows,simple-tma-mma,simple-tma-cmma-multi-rows,simple-tma-mma-multi-rows,double-cyclic-mma-specialized,double-tma-cmma-specialized,double-tma-mma-specialized,double-async-cyclic-mma,double-async-strided-mma,specialized-cyclic-mma,specialized-tma-mma,ordered-double-mma-rows4,ordered-double-mma-rows8"
-step_mm() {
+# matmul_kernels OPERANDS: asrt-bench matmul over mm_kernels with operands of that type.
+matmul_kernels() {
   local list=(--kernels "${ASRT_MM_KERNELS:-$mm_kernels}")
   # A dry run times them all: lavapipe has no tensor cores, and runs only the unit kernels.
   { [ "${ASRT_MM_KERNELS:-}" = all ] || [ "$dry" = 1 ]; } && list=()
-  "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 "${list[@]}" > "$work/mm.json"
+  "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 --operands "$1" "${list[@]}"
 }
-check_mm() { py matmul "$1" "$logs/mm.log" "$work"; }
+step_mm() { matmul_kernels f32 > "$work/mm.json"; }
+check_mm() { py matmul "$1" "$logs/mm.log" "$work" mm; }
+
+# mm with mixed precision's operands: bf16 in, f32 out (f16 on a dry run: lavapipe has no
+# bfloat16).
+step_mb() { matmul_kernels "$([ "$dry" = 1 ] && echo f16 || echo bf16)" > "$work/mb.json"; }
+check_mb() { py matmul "$1" "$logs/mb.log" "$work" mb; }
+
+# fastest_kernel FILE: the fastest correct kernel other than Burn's in an asrt-bench matmul JSON.
+fastest_kernel() {
+  python3 -c '
+import json, sys
+t = [x for x in json.load(open(sys.argv[1]))["totals"] if x["kernel"] != "burn" and x["total_seconds"]]
+print(min(t, key=lambda x: x["total_seconds"])["kernel"] if t else "")' "$1" 2>/dev/null
+}
 
 # dw with mm's fastest correct kernel other than Burn's for the linear layers (`--matmul`),
 # twice as db is: its kernels are new to the cache (the first run compiles them, the second is
@@ -511,10 +529,7 @@ step_dm() {
   big_setup || return $?
   local k steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" mdev="$train_dev"
   # The fastest correct of cubek's kernels other than Burn's own (which dw ran).
-  k="$(python3 -c '
-import json, sys
-t = [x for x in json.load(open(sys.argv[1]))["totals"] if x["kernel"] != "burn" and x["total_seconds"]]
-print(min(t, key=lambda x: x["total_seconds"])["kernel"] if t else "")' "$work/mm.json" 2>/dev/null)"
+  k="$(fastest_kernel "$work/mm.json")"
   [ -n "$k" ] || { echo "dm runs after mm (it trains with mm's fastest correct kernel); mm found none"; return 2; }
   echo "kernel: $k"
   # The dry run trains on the CPU, which has no CubeCL kernels: lavapipe instead.
@@ -552,6 +567,22 @@ step_db() {
     --device "$dev" --max-steps "$steps" --precision "$p"
 }
 check_db() { py train-big "$1" "$logs/db.log" "$work" db; }
+
+# db with mb's fastest correct kernel for the linear layers' mixed products (`--matmul`), run
+# twice as db is. A dry run trains in f16-mixed on lavapipe, whose unit kernels take f16.
+step_bm() {
+  big_setup || return $?
+  local k p="${ASRT_DB_PRECISION:-bf16-mixed}" steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" dev="$train_dev"
+  k="$(fastest_kernel "$work/mb.json")"
+  [ -n "$k" ] || { echo "bm runs after mb (it trains with mb's fastest correct kernel); mb found none"; return 2; }
+  echo "kernel: $k"
+  if [ "$dry" = 1 ]; then dev=wgpu; p=f16-mixed; fi
+  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/bm0-run" --device "$dev" --max-steps "$steps" --precision "$p" --matmul "$k" || return $?
+  measured bm "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/bm-run" \
+    --device "$dev" --max-steps "$steps" --precision "$p" --matmul "$k"
+}
+check_bm() { py train-big "$1" "$logs/bm.log" "$work" bm; }
 
 # The same preset at a larger batch (ASRT_D2_BATCH_SECONDS, default 360) over more utterances
 # (the planner batches utterances of similar length: 96 give batches of about 110 s whatever the
@@ -632,7 +663,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_mb step_bm matmul_kernels fastest_kernel long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -656,6 +687,8 @@ run_step mm 330 step_mm
 run_step dm 400 step_dm
 run_step du 300 step_du
 run_step db 400 step_db
+run_step mb 330 step_mb
+run_step bm 400 step_bm
 run_step d2 300 step_d2
 run_step f 300 step_f
 

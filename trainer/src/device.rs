@@ -298,11 +298,12 @@ pub struct DeviceArgs {
     /// `off` launches one kernel per operation. Results agree within rounding either way.
     #[arg(long, value_enum, default_value = "on")]
     pub fusion: Fusion,
-    /// On cuda and wgpu, in f32: the matmul kernel of the linear layers' products and their
-    /// gradients. `burn` is Burn's own (under fusion cubek's simple cyclic CMMA); the others
-    /// are cubek's strategies by name (`asrt-bench matmul --device cuda:0` times each at the
-    /// 0.6B preset's shapes). A kernel the device cannot run falls back to Burn's, with a
-    /// warning.
+    /// On cuda and wgpu: the matmul kernel of the linear layers' products and their gradients
+    /// (in the mixed precisions, on the operands rounded to the half type). `burn` is Burn's
+    /// own (under fusion cubek's simple cyclic CMMA); the others are cubek's strategies by name
+    /// (`asrt-bench matmul --device cuda:0` times each at the 0.6B preset's shapes; with
+    /// `--operands bf16` as bf16-mixed runs them). A kernel the device cannot run falls back
+    /// to Burn's, with a warning.
     #[arg(long, value_enum, default_value = "burn")]
     pub matmul: crate::model::matmul_kernel::Kernel,
 }
@@ -334,40 +335,27 @@ impl DeviceArgs {
     }
 
     /// [`Devices::prepare`] with the kernel cache the flag and the environment name, and the
-    /// matmul kernel chosen for this process (with a warning where it changes nothing: the run
-    /// computes in `precision`).
-    pub fn prepare(
-        &self,
-        devices: &Devices,
-        processes: bool,
-        precision: Precision,
-    ) -> Result<(), SetupError> {
+    /// matmul kernel chosen for this process (with a warning where it changes nothing).
+    pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
         crate::model::matmul_kernel::choose(self.matmul);
-        if let Some(warning) = self.matmul_unused(devices, precision) {
+        if let Some(warning) = self.matmul_unused(devices) {
             eprintln!("warning: {warning}");
         }
         devices.prepare(&self.kernel_cache(), processes)
     }
 
-    /// Why `--matmul` changes nothing for a run on `devices` in `precision`, where it does not:
-    /// the CPU backends use their own products, and the mixed precisions their own
-    /// (`device_mixed`).
-    pub fn matmul_unused(&self, devices: &Devices, precision: Precision) -> Option<String> {
+    /// Why `--matmul` changes nothing for a run on `devices`, where it does not: the CPU
+    /// backends use their own products. (In the mixed precisions it runs the linear layers'
+    /// products on the half type's operands, `device_mixed`.)
+    pub fn matmul_unused(&self, devices: &Devices) -> Option<String> {
         let kernel = self.matmul.name();
-        if self.matmul == crate::model::matmul_kernel::Kernel::Burn {
+        if self.matmul == crate::model::matmul_kernel::Kernel::Burn || devices.on_cubecl() {
             None
-        } else if !devices.on_cubecl() {
+        } else {
             Some(format!(
                 "--matmul {kernel} applies on cuda and wgpu; the CPU backends use their own \
                  products"
             ))
-        } else if precision != Precision::F32 {
-            Some(format!(
-                "--matmul {kernel} applies in f32; in {precision} the products are the mixed \
-                 precision's own"
-            ))
-        } else {
-            None
         }
     }
 
@@ -604,8 +592,7 @@ pub fn evaluate_model_cpu(
 mod tests {
     use super::*;
 
-    /// `--matmul` other than `burn` warns where it changes nothing: on the CPU backends, and in
-    /// the mixed precisions.
+    /// `--matmul` other than `burn` warns where it changes nothing: on the CPU backends.
     #[test]
     fn matmul_warns_where_it_changes_nothing() {
         #[derive(clap::Parser)]
@@ -619,18 +606,14 @@ mod tests {
         };
         let wgpu = Devices::Wgpu(1, Fusion::Off);
         let unit = args(&["--matmul", "simple-unit"]);
-        assert_eq!(unit.matmul_unused(&wgpu, Precision::F32), None);
+        assert_eq!(unit.matmul_unused(&wgpu), None);
         assert_eq!(
-            unit.matmul_unused(&wgpu, Precision::Bf16Mixed).as_deref(),
-            Some("--matmul simple-unit applies in f32; in bf16-mixed the products are the mixed precision's own")
-        );
-        assert_eq!(
-            unit.matmul_unused(&Devices::Cpu(1), Precision::F32).as_deref(),
+            unit.matmul_unused(&Devices::Cpu(1)).as_deref(),
             Some("--matmul simple-unit applies on cuda and wgpu; the CPU backends use their own products")
         );
         let burn = args(&[]);
-        assert_eq!(burn.matmul_unused(&Devices::Cpu(1), Precision::F16Mixed), None);
-        assert_eq!(burn.matmul_unused(&wgpu, Precision::F16Mixed), None);
+        assert_eq!(burn.matmul_unused(&Devices::Cpu(1)), None);
+        assert_eq!(burn.matmul_unused(&wgpu), None);
     }
 
     #[test]

@@ -9,7 +9,6 @@ use asr_corpus::Corpus;
 use crate::cli::EvalArgs;
 use crate::device::{dispatch, EvalOn};
 use crate::eval::{ErrorRates, Evaluation};
-use crate::model::precision::Precision;
 use crate::model_source::ModelSource;
 
 fn table(e: &Evaluation) -> String {
@@ -48,7 +47,7 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<ExitCode> {
         bail!("--batch-seconds {batch_seconds}: expected a positive number of seconds");
     }
     let devices = args.device.one()?;
-    args.device.prepare(&devices, false, Precision::F32)?;
+    args.device.prepare(&devices, false)?;
     let result =
         dispatch(&devices, EvalOn { source: &source, corpus: &corpus, limit, batch_seconds })
             .with_context(|| format!("evaluating on {}", args.corpus.display()))?;

@@ -192,7 +192,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     let devices = args.device.devices();
     let processes = process_group(&|k| std::env::var(k).ok())?;
     let process = processes.as_ref().map_or(0, |p| p.rank);
-    args.device.prepare(&devices, processes.is_some(), cfg.train.precision)?;
+    args.device.prepare(&devices, processes.is_some())?;
     crate::device::check_precision(&devices, cfg.train.precision)?;
     let summary = dispatch(&devices, RunOn { cfg, opts: &opts, processes, on_step: &mut on_step })?;
     if let Some(bar) = &bar {

@@ -13,7 +13,6 @@ use crate::checkpoint;
 use crate::cli::{TranscribeArgs, TranscriptFormat};
 use crate::device::{dispatch, TranscribeOn};
 use crate::eval::ErrorRates;
-use crate::model::precision::Precision;
 use crate::model_source::ModelSource;
 use crate::transcribe::{items, Span, Timestamps, TranscribeOptions, Transcript};
 
@@ -116,7 +115,7 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<ExitCode> {
         bail!("--format srt with several inputs writes one .srt file each: give --output DIR");
     }
     let devices = args.device.one()?;
-    args.device.prepare(&devices, false, Precision::F32)?;
+    args.device.prepare(&devices, false)?;
     let mut out: Box<dyn Write> = match (&args.output, args.format) {
         (Some(dir), TranscriptFormat::Srt) => {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -13,7 +13,8 @@
 //! under autodiff, with f32 tensors, where a kernel other than [`Kernel::Burn`] is chosen;
 //! Burn's `matmul` elsewhere. A kernel the device cannot run (CMMA on lavapipe, TMA before
 //! Hopper, TMA on rows not a multiple of 16 bytes) falls back to Burn's product for that product,
-//! saying so once per product and weight shape.
+//! saying so once per product and weight shape. Mixed precision's products of two matrices take
+//! the chosen kernel too, on operands already rounded to the half type ([`chosen_product`]).
 //!
 //! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
 //! 10-bit mantissa on CUDA's tensor cores); the input's gradient is computed only where the
@@ -138,8 +139,9 @@ fn report_fallback(kernel: Kernel, site: Site, why: &str) {
 
 /// The product with a chosen kernel: the backends that have it.
 pub trait DeviceMatmul: Backend {
-    /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, or why it
-    /// could not run.
+    /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, written in f32,
+    /// or why it could not run. The operands are f32, or both of mixed precision's half type
+    /// (`device_mixed`), which the kernel multiplies as they are, accumulating in f32.
     fn try_product(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
@@ -176,7 +178,18 @@ where
         kernel: Kernel,
     ) -> Result<FloatTensor<Self>, String> {
         let Some(strategy) = strategy(kernel) else {
-            return Ok(Self::float_matmul(a, b));
+            if a.dtype == DType::F32 {
+                return Ok(Self::float_matmul(a, b));
+            }
+            // Half-type operands: Burn's kernel writing f32, as mixed precision runs it.
+            return burn_cubecl::kernel::matmul::matmul::<R>(
+                a,
+                b,
+                None,
+                burn_cubecl::kernel::matmul::MatmulStrategy::default(),
+                DType::F32,
+            )
+            .map_err(|e| format!("{e:?}"));
         };
         let (m, n) = (a.shape()[0], b.shape()[1]);
         let (client, device) = (a.client.clone(), a.device.clone());
@@ -186,13 +199,15 @@ where
         }
         // cubek reads strided operands; other layouts than a plain or transposed matrix are
         // made contiguous first.
+        let (lhs, rhs) = (a.dtype, b.dtype);
         let operand = |t: FloatTensor<Self>| {
             let t = if is_matrix_view(&t) { t } else { contiguous(t) };
-            InputBinding::new(t.binding(), DType::F32.into())
+            let dtype = t.dtype;
+            InputBinding::new(t.binding(), dtype.into())
         };
         let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
-            lhs: DType::F32.into(),
-            rhs: DType::F32.into(),
+            lhs: lhs.into(),
+            rhs: rhs.into(),
             out: DType::F32.into(),
         });
         cubek::matmul::launch::launch_ref(
@@ -215,6 +230,36 @@ fn is_matrix_view<R: CubeRuntime>(t: &burn_cubecl::tensor::CubeTensor<R>) -> boo
     shape.num_dims() == 2
         && ((strides[1] == 1 && strides[0] >= shape[1])
             || (strides[0] == 1 && strides[1] >= shape[0]))
+}
+
+/// `a [m, k] · b [k, n]` in f32 with the kernel `--matmul` chose, for mixed precision's products
+/// of two matrices (`device_mixed`, operands in the half type); `None` for Burn's kernel, other
+/// shapes, and where the kernel cannot run (said once per kernel and `b`'s shape), and the
+/// caller runs its own product.
+pub(crate) fn chosen_product<B: DeviceMatmul>(
+    a: &FloatTensor<B>,
+    b: &FloatTensor<B>,
+) -> Option<FloatTensor<B>> {
+    product_with::<B>(a, b, chosen())
+}
+
+/// [`chosen_product`] with `kernel`.
+fn product_with<B: DeviceMatmul>(
+    a: &FloatTensor<B>,
+    b: &FloatTensor<B>,
+    kernel: Kernel,
+) -> Option<FloatTensor<B>> {
+    let (da, db) = (a.shape(), b.shape());
+    if kernel == Kernel::Burn || da.num_dims() != 2 || db.num_dims() != 2 {
+        return None;
+    }
+    match B::try_product(a.clone(), b.clone(), kernel) {
+        Ok(y) => Some(y),
+        Err(why) => {
+            report_fallback(kernel, Site { form: "mixed-precision", weight: [db[0], db[1]] }, &why);
+            None
+        }
+    }
 }
 
 impl<B> DeviceMatmul for Fusion<B>
@@ -411,6 +456,36 @@ mod tests {
         }
         check::<Autodiff<W>>();
         check::<Autodiff<Fusion<W>>>();
+    }
+
+    /// Mixed precision's operands (f16 here: lavapipe has no bfloat16), plain and transposed,
+    /// through a chosen kernel give float64's product of the rounded values in f32; a kernel
+    /// lavapipe cannot run (CMMA) declines, and the caller runs its own product.
+    #[test]
+    fn half_operands_through_a_chosen_kernel_match_float64() {
+        let device = Default::default();
+        let (m, k, n) = (37, 29, 23);
+        let half = |t: Tensor<W, 2>| t.cast(burn::tensor::FloatDType::F16);
+        let a32 = Tensor::<W, 2>::random([m, k], Distribution::Uniform(-1.0, 1.0), &device);
+        let b32 = Tensor::<W, 2>::random([n, k], Distribution::Uniform(-1.0, 1.0), &device);
+        // `b` as the transposed view of a rounded [n, k] tensor, as a gradient's product reads
+        // a weight.
+        let (a, b) = (half(a32), half(b32).transpose());
+        let rounded = |t: &Tensor<W, 2>| t.clone().cast(burn::tensor::FloatDType::F32);
+        let want = oracle(&rounded(&a), &rounded(&b));
+        let (pa, pb) = (float(a.clone()), float(b.clone()));
+        for kernel in [Kernel::SimpleUnit, Kernel::DoubleUnit] {
+            let y = product_with::<W>(&pa, &pb, kernel).expect("unit kernels run on lavapipe");
+            assert_eq!(y.dtype, DType::F32, "{kernel:?}");
+            let y = Tensor::<W, 2>::from_primitive(TensorPrimitive::Float(y));
+            let e = worst(&y, &want);
+            eprintln!("{kernel:?}: {e:.1e}");
+            // Products of f16 values are exact in f32; the f32 sums' rounding is left
+            // (measured 9.4e-8 for both).
+            assert!(e < 4.5e-7, "{kernel:?}: {e:e}");
+        }
+        assert!(product_with::<W>(&pa, &pb, Kernel::DoubleCyclicCmma).is_none());
+        assert!(product_with::<W>(&pa, &pb, Kernel::Burn).is_none());
     }
 
     /// Every kernel either runs (and gives float64's product) or says why not; none panics.

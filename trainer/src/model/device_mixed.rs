@@ -20,6 +20,10 @@
 //! order and keeps its strides, so a transposed operand is not copied; any other view is
 //! copied first.
 //!
+//! A product of two matrices (the linear layers' and their gradients) runs the kernel
+//! `--matmul` chose where one is and it runs on the device (`device_matmul::chosen_product`:
+//! cubek's strategies take the half type in and write f32); Burn's product elsewhere.
+//!
 //! Invariants: `product(a, b) = f32(Σ_k half(a)[.., i, k] · half(b)[.., k, j])`, accumulated
 //! in f32; the gradients are `f32(half(dy) · half(b)ᵀ)` and `f32(half(a)ᵀ · half(dy))`, a
 //! broadcast `b`'s summed over the axes it was broadcast along; the backward keeps the rounded
@@ -175,6 +179,11 @@ where
     }
 
     fn product_f32(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        // `--matmul`'s kernel where one was chosen and runs here (two matrices: the linear
+        // layers' products and their gradients).
+        if let Some(y) = super::device_matmul::chosen_product::<Self>(&a, &b) {
+            return y;
+        }
         match matmul::<R>(a.clone(), b.clone(), None, MatmulStrategy::default(), DType::F32) {
             Ok(y) => y,
             // A product kernel that cannot write f32 from the half type: the half product,

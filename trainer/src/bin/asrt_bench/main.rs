@@ -225,6 +225,10 @@ enum Bench {
         sizes: String,
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// The operands' type: `f32`, or `bf16`/`f16` as mixed precision's products take them
+        /// (rounded, the product written in f32; lavapipe has f16, not bf16).
+        #[arg(long, value_enum, default_value = "f32")]
+        operands: Operands,
     },
     /// What an AdamW update holds beyond the model and its moments: the growth of the peak
     /// resident set over steps 2.. from after step 1 (device memory on `cpu`, `flex`, and `wgpu`
@@ -290,6 +294,46 @@ fn memory() -> (f64, f64, f64, f64) {
     (field("VmRSS:"), field("RssAnon:"), field("RssFile:"), field("VmHWM:"))
 }
 
+/// `matmul`'s operands' type (here, not in `matmul`: the flag parses in every build).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Operands {
+    /// f32, as f32 training multiplies them.
+    F32,
+    /// bfloat16 in, f32 out, as bf16-mixed multiplies them.
+    Bf16,
+    /// float16 in, f32 out, as f16-mixed multiplies them.
+    F16,
+}
+
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+impl Operands {
+    /// `x` as this type holds it.
+    fn round(self, x: f32) -> f32 {
+        match self {
+            Operands::F32 => x,
+            Operands::Bf16 => burn::tensor::bf16::from_f32(x).to_f32(),
+            Operands::F16 => burn::tensor::f16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// The half type a tensor is cast to, if any.
+    fn dtype(self) -> Option<burn::tensor::FloatDType> {
+        match self {
+            Operands::F32 => None,
+            Operands::Bf16 => Some(burn::tensor::FloatDType::BF16),
+            Operands::F16 => Some(burn::tensor::FloatDType::F16),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Operands::F32 => "f32",
+            Operands::Bf16 => "bf16",
+            Operands::F16 => "f16",
+        }
+    }
+}
+
 /// `matmul` on the device named (bare, unfused: the kernels as launched).
 #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
 fn matmul_bench(
@@ -297,6 +341,7 @@ fn matmul_bench(
     kernels: Option<&[asr_trainer::MatmulKernel]>,
     sizes: &str,
     repeats: usize,
+    operands: Operands,
 ) -> anyhow::Result<serde_json::Value> {
     let kernels = kernels.map_or_else(|| asr_trainer::MatmulKernel::all().to_vec(), <[_]>::to_vec);
     let devices: Devices = device.parse()?;
@@ -305,7 +350,8 @@ fn matmul_bench(
     match devices {
         #[cfg(feature = "wgpu")]
         Devices::Wgpu(..) => {
-            matmul::run::<burn::backend::Wgpu>(&Default::default(), name, &kernels, sizes, repeats)
+            let device = Default::default();
+            matmul::run::<burn::backend::Wgpu>(&device, name, &kernels, sizes, repeats, operands)
         }
         #[cfg(feature = "cuda")]
         Devices::Cuda(ordinals, _) => matmul::run::<burn::backend::Cuda>(
@@ -314,6 +360,7 @@ fn matmul_bench(
             &kernels,
             sizes,
             repeats,
+            operands,
         ),
         _ => anyhow::bail!("matmul runs on wgpu or cuda:N, not {device}"),
     }
@@ -572,8 +619,8 @@ fn main() -> anyhow::Result<()> {
             v
         }
         Bench::NcclCheck { device } => nccl_check(&device)?,
-        Bench::Matmul { device, kernels, sizes, repeats } => {
-            matmul_bench(&device, kernels.as_deref(), &sizes, repeats)?
+        Bench::Matmul { device, kernels, sizes, repeats, operands } => {
+            matmul_bench(&device, kernels.as_deref(), &sizes, repeats, operands)?
         }
         Bench::Tdt { batch, frames, targets, vocab, repeats } => {
             tdt_bench(batch, frames, targets, vocab, repeats)?

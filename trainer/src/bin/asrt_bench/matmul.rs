@@ -3,7 +3,9 @@
 //! largest error against float64 on sampled outputs (relative to the sum of the terms'
 //! magnitudes; TF32 on CUDA's tensor cores gives about 1e-3). A kernel the device cannot run is
 //! listed with cubek's reason. Which kernel to train with (`asrt train --matmul`) is this
-//! table's fastest correct one.
+//! table's fastest correct one. With `--operands bf16` (or `f16`) the operands are rounded to
+//! that type first and multiplied as mixed precision's products take them (`device_mixed`: the
+//! half type in, f32 out), against float64 on the rounded values.
 
 use std::time::Instant;
 
@@ -13,7 +15,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use serde_json::{json, Value};
 
-use super::{median, sync};
+use super::{median, sync, Operands};
 
 /// One product `a [m, k] · b [k, n]`; `a_t`/`b_t`: the operand is a transposed view (as the
 /// weight's gradient reads the input and the input's gradient the weight).
@@ -26,7 +28,8 @@ struct Case {
     b_t: bool,
 }
 
-/// Errors above this are a wrong kernel, not rounding (TF32: about 1e-3).
+/// Errors above this are a wrong kernel, not rounding (TF32: about 1e-3; operands already in
+/// the half type are multiplied exactly, the sums rounded in f32).
 const WRONG: f64 = 1e-2;
 
 fn cases(sizes: &str) -> anyhow::Result<Vec<Case>> {
@@ -50,18 +53,21 @@ fn cases(sizes: &str) -> anyhow::Result<Vec<Case>> {
     })
 }
 
-/// A `[rows, cols]` operand of values in [-1, 1), as a transposed view of its transpose when
-/// `transposed`; and its values row-major in the logical layout.
+/// A `[rows, cols]` operand of values in [-1, 1) of type `operands`, as a transposed view of
+/// its transpose when `transposed` (rounded in memory, then viewed, as mixed precision's
+/// rounding keeps a view's strides); and its values row-major in the logical layout, as that
+/// type holds them.
 fn operand<B: Backend>(
     rows: usize,
     cols: usize,
     transposed: bool,
+    operands: Operands,
     rng: &mut SplitMix64,
     device: &B::Device,
 ) -> (Tensor<B, 2>, Vec<f64>) {
     let values: Vec<f32> = (0..rows * cols).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect();
-    let logical = values.iter().map(|&v| f64::from(v)).collect();
-    let t = if transposed {
+    let logical = values.iter().map(|&v| f64::from(operands.round(v))).collect();
+    let stored = if transposed {
         // Stored as [cols, rows] with the logical (r, c) at (c, r).
         let mut stored = vec![0.0f32; rows * cols];
         for r in 0..rows {
@@ -69,11 +75,15 @@ fn operand<B: Backend>(
                 stored[c * rows + r] = values[r * cols + c];
             }
         }
-        Tensor::<B, 2>::from_data(TensorData::new(stored, [cols, rows]), device).transpose()
+        Tensor::<B, 2>::from_data(TensorData::new(stored, [cols, rows]), device)
     } else {
         Tensor::<B, 2>::from_data(TensorData::new(values, [rows, cols]), device)
     };
-    (t, logical)
+    let stored = match operands.dtype() {
+        Some(dtype) => stored.cast(dtype),
+        None => stored,
+    };
+    (if transposed { stored.transpose() } else { stored }, logical)
 }
 
 /// Every kernel on every case of `sizes`.
@@ -83,13 +93,14 @@ pub fn run<B: Backend>(
     kernels: &[Kernel],
     sizes: &str,
     repeats: usize,
+    operands: Operands,
 ) -> anyhow::Result<Value> {
     let mut rng = SplitMix64::new(11);
     let mut rows = Vec::new();
     for case in cases(sizes)? {
         let Case { name, m, k, n, a_t, b_t } = case;
-        let (a, av) = operand::<B>(m, k, a_t, &mut rng, device);
-        let (b, bv) = operand::<B>(k, n, b_t, &mut rng, device);
+        let (a, av) = operand::<B>(m, k, a_t, operands, &mut rng, device);
+        let (b, bv) = operand::<B>(k, n, b_t, operands, &mut rng, device);
         // 512 sampled outputs in float64, with their terms' magnitudes summed.
         let samples: Vec<(usize, usize)> = (0..512)
             .map(|_| (rng.below(m as u64) as usize, rng.below(n as u64) as usize))
@@ -160,6 +171,7 @@ pub fn run<B: Backend>(
         .map(|(k, s)| json!({"kernel": k, "total_seconds": s}));
     Ok(json!({
         "bench": "matmul", "device": device_name, "sizes": sizes, "repeats": repeats,
+        "operands": operands.name(),
         "error_bound": WRONG, "results": rows, "totals": totals, "fastest_correct": best,
     }))
 }
