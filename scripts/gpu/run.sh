@@ -9,15 +9,16 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,g,c,cg,d,dw,dr,dj,hp,e --budget 540 --cap 180, and
+# call of at most 10 minutes should run: --only env,g,c,cg,d,dw,dj,hp,e --budget 540 --cap 180, and
 # ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
 # --work DIR (keep the working folder for a later call on the same machine, see below).
 #
 # A session's device time is short (15 minutes, machine start included). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only mm,dm --budget SECONDS --work /tmp/asrt-kit
-# (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s.)
+#   bash scripts/gpu/run.sh --only mm,dm,mb,bm --budget SECONDS --work /tmp/asrt-kit
+# (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s; mb and bm
+# the same on bf16 operands and in bf16-mixed, about 90 and 120 s.)
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count and mm's timings, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
@@ -104,8 +105,10 @@ while [ $# -gt 0 ]; do
       # timings let a second call's dm train with the fastest kernel; db's and du's figures
       # were measured (bench/RESULTS.md). hp rather than dp: dp's launches and device time
       # were measured on three loans, within 10 % of each other; the host's side was not. mm
-      # goes to the second call, with dm, which needs its timings.
-      only="env,g,c,cg,d,dw,dr,dj,hp,e"; budget=540; cap=180
+      # goes to the second call, with dm, which needs its timings. dr (resolved, the default
+      # before 19738ae) was measured against queued on an H200 (0.426 against 0.343 s): its
+      # 45 s go to the second call's mb and bm.
+      only="env,g,c,cg,d,dw,dj,hp,e"; budget=540; cap=180
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -493,12 +496,15 @@ check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
 
 # Each matmul kernel of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
 # strategies, bare): time, TFLOP/s, error against float64, the fastest correct (mm.json).
-# Not every kernel: those an H200 timed at 1.7x Burn's total or slower over these cases (the unit
-# kernels, double-cyclic-cmma, double-tilewise-cmma, double-hybrid-cmma, ordered-double-cmma;
-# bench/RESULTS.md, 2026-11-30) give their compilation time to the variants of the fastest
-# (ASRT_MM_KERNELS overrides the list; "all" times every kernel).
-mm_kernels="burn,simple-cyclic-cmma,simple-cyclic-mma,simple-tma-cmma,double-cyclic-mma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma,ordered-double-mma"
-mm_kernels="$mm_kernels,simple-cyclic-cmma-multi-rows,simple-cyclic-mma-multi-rows,simple-tma-mma,simple-tma-cmma-multi-rows,simple-tma-mma-multi-rows,double-cyclic-mma-specialized,double-tma-cmma-specialized,double-tma-mma-specialized,double-async-cyclic-mma,double-async-strided-mma,specialized-cyclic-mma,specialized-tma-mma,ordered-double-mma-rows4,ordered-double-mma-rows8"
+# Not every kernel (each costs its compilations, about 7 s an H200, in a call of minutes): Burn's;
+# the five an H200 timed faster than it over these cases (bench/RESULTS.md, 2026-11-30: all
+# loaded by TMA, or warp-specialised); and the variants of those, with one cp.async and one
+# ordered kernel, from Burn's own autotune list. The rest were no faster than Burn's, or at 1.7x
+# its total and slower (the unit kernels, double-cyclic-cmma, double-tilewise-cmma,
+# double-hybrid-cmma, ordered-double-cmma). ASRT_MM_KERNELS overrides the list; "all" times
+# every kernel.
+mm_kernels="burn,simple-tma-cmma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma"
+mm_kernels="$mm_kernels,simple-tma-mma,simple-tma-mma-multi-rows,double-tma-cmma-specialized,double-tma-mma-specialized,specialized-tma-mma,double-async-cyclic-mma,ordered-double-mma-rows8"
 # matmul_kernels OPERANDS: asrt-bench matmul over mm_kernels with operands of that type.
 matmul_kernels() {
   local list=(--kernels "${ASRT_MM_KERNELS:-$mm_kernels}")
