@@ -494,9 +494,10 @@ step_hp() {
 }
 check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
 
-# Each matmul kernel of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
+# The matmul kernels of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
 # strategies, bare): time, TFLOP/s, error against float64, the fastest correct (mm.json).
-# Not every kernel (each costs its compilations, about 7 s an H200, in a call of minutes): Burn's;
+# Not every kernel (each costs its compilations, about 7 s each on an H200, in a call of
+# minutes): Burn's;
 # the five an H200 timed faster than it over these cases (bench/RESULTS.md, 2026-11-30: all
 # loaded by TMA, or warp-specialised); and the variants of those, with one cp.async and one
 # ordered kernel, from Burn's own autotune list. The rest were no faster than Burn's, or at 1.7x
