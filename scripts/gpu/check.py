@@ -464,12 +464,26 @@ def check_matmul(rc, log, work, name="mm"):
             note.append(f"burn {burn * 1e3:.2f} ms ({burn / best['total_seconds']:.2f}x)")
     peak = max((r["tflops"] for r in rows if r.get("correct")), default=0.0)
     note.append(f"best case {peak:.1f} TFLOP/s")
+    # Each case's fastest correct kernel: what a choice per product form would give over the
+    # one kernel for all (worth building only if this total is well under the fastest's).
+    per_case = {}
+    for r in rows:
+        if r.get("correct") and r.get("seconds"):
+            c = per_case.get(r["case"])
+            if c is None or r["seconds"] < c["seconds"]:
+                per_case[r["case"]] = {"kernel": r["kernel"], "seconds": r["seconds"], "tflops": r["tflops"]}
+    cases = {r["case"] for r in rows}
+    per_case_total = sum(c["seconds"] for c in per_case.values()) if len(per_case) == len(cases) else None
+    if best and per_case_total:
+        note.append(f"each case's fastest {per_case_total * 1e3:.2f} ms "
+                    f"({best['total_seconds'] / per_case_total:.2f}x the fastest kernel's total)")
     if wrong:
         note.append("WRONG (error over " + str(data["error_bound"]) + "): " + ", ".join(wrong))
     if unavailable:
         note.append(f"{len(unavailable)} unavailable here")
     save(work, name, {"operands": data.get("operands", "f32"), "totals": data["totals"],
-                      "fastest_correct": best})
+                      "fastest_correct": best, "fastest_per_case": per_case,
+                      "per_case_total_seconds": per_case_total})
     return f"{'PASS' if best and not wrong else 'FAIL'}: " + "; ".join(note)
 
 
