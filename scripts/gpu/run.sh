@@ -529,23 +529,27 @@ t = [x for x in json.load(open(sys.argv[1]))["totals"] if x["kernel"] != "burn" 
 print(min(t, key=lambda x: x["total_seconds"])["kernel"] if t else "")' "$1" 2>/dev/null
 }
 
-# dw with mm's fastest correct kernel other than Burn's for the linear layers (`--matmul`),
-# twice as db is: its kernels are new to the cache (the first run compiles them, the second is
-# the steady figure).
+# with_fastest NAME SOURCE DEVICE [ARGS...]: d's plan with SOURCE's (mm's or mb's) fastest correct
+# kernel other than Burn's for the linear layers (`--matmul`), twice as db is: its kernels are
+# new to the cache (the first run compiles them, the second, NAME's, is the steady figure). A dry
+# run checks the flag's path once: lavapipe compiles as it goes.
+with_fastest() {
+  local name="$1" source="$2" mdev="$3" k steps="$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  shift 3
+  k="$(fastest_kernel "$work/$source.json")"
+  [ -n "$k" ] || { echo "$name runs after $source (it trains with $source's fastest correct kernel); $source found none"; return 2; }
+  echo "kernel: $k"
+  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/${name}0-run" --device "$mdev" --max-steps "$steps" --matmul "$k" "$@" || return $?
+  measured "$name" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/$name-run" --device "$mdev" --max-steps "$steps" --matmul "$k" "$@"
+}
+
+# dw with mm's fastest kernel. The dry run trains on the CPU, which has no CubeCL kernels:
+# lavapipe instead.
 step_dm() {
   big_setup || return $?
-  local k steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" mdev="$train_dev"
-  # The fastest correct of cubek's kernels other than Burn's own (which dw ran).
-  k="$(fastest_kernel "$work/mm.json")"
-  [ -n "$k" ] || { echo "dm runs after mm (it trains with mm's fastest correct kernel); mm found none"; return 2; }
-  echo "kernel: $k"
-  # The dry run trains on the CPU, which has no CubeCL kernels: lavapipe instead.
-  [ "$dry" = 1 ] && mdev="$dev"
-  # (A dry run checks the flag's path once: lavapipe compiles as it goes.)
-  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
-    --out "$work/dm0-run" --device "$mdev" --max-steps "$steps" --matmul "$k" || return $?
-  measured dm "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/dm-run" \
-    --device "$mdev" --max-steps "$steps" --matmul "$k"
+  with_fastest dm mm "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")"
 }
 check_dm() { py train-big "$1" "$logs/dm.log" "$work" dm; }
 
@@ -575,19 +579,15 @@ step_db() {
 }
 check_db() { py train-big "$1" "$logs/db.log" "$work" db; }
 
-# db with mb's fastest correct kernel for the linear layers' mixed products (`--matmul`), run
-# twice as db is. A dry run trains in f16-mixed on lavapipe, whose unit kernels take f16.
+# db with mb's fastest kernel for the linear layers' mixed products. A dry run trains in
+# f16-mixed on lavapipe, whose unit kernels take f16.
 step_bm() {
   big_setup || return $?
-  local k p="${ASRT_DB_PRECISION:-bf16-mixed}" steps="$([ "$dry" = 1 ] && echo 2 || echo 6)" dev="$train_dev"
-  k="$(fastest_kernel "$work/mb.json")"
-  [ -n "$k" ] || { echo "bm runs after mb (it trains with mb's fastest correct kernel); mb found none"; return 2; }
-  echo "kernel: $k"
-  if [ "$dry" = 1 ]; then dev=wgpu; p=f16-mixed; fi
-  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
-    --out "$work/bm0-run" --device "$dev" --max-steps "$steps" --precision "$p" --matmul "$k" || return $?
-  measured bm "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/bm-run" \
-    --device "$dev" --max-steps "$steps" --precision "$p" --matmul "$k"
+  if [ "$dry" = 1 ]; then
+    with_fastest bm mb wgpu --precision f16-mixed
+  else
+    with_fastest bm mb "$train_dev" --precision "${ASRT_DB_PRECISION:-bf16-mixed}"
+  fi
 }
 check_bm() { py train-big "$1" "$logs/bm.log" "$work" bm; }
 
@@ -670,7 +670,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_mb step_bm matmul_kernels fastest_kernel long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_mb step_bm matmul_kernels fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env

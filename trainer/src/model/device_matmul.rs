@@ -155,14 +155,21 @@ pub trait DeviceMatmul: Backend {
         kernel: Kernel,
         site: Site,
     ) -> FloatTensor<Self> {
-        match Self::try_product(a.clone(), b.clone(), kernel) {
-            Ok(y) => y,
-            Err(why) => {
-                report_fallback(kernel, site, &why);
-                Self::float_matmul(a, b)
-            }
-        }
+        try_reported::<Self>(&a, &b, kernel, site).unwrap_or_else(|| Self::float_matmul(a, b))
     }
+}
+
+/// [`DeviceMatmul::try_product`], or `None` where the kernel cannot run, said once per kernel
+/// and site: the caller then runs its own product.
+fn try_reported<B: DeviceMatmul>(
+    a: &FloatTensor<B>,
+    b: &FloatTensor<B>,
+    kernel: Kernel,
+    site: Site,
+) -> Option<FloatTensor<B>> {
+    B::try_product(a.clone(), b.clone(), kernel)
+        .map_err(|why| report_fallback(kernel, site, &why))
+        .ok()
 }
 
 impl<R, F, I, BT> DeviceMatmul for CubeBackend<R, F, I, BT>
@@ -178,18 +185,12 @@ where
         kernel: Kernel,
     ) -> Result<FloatTensor<Self>, String> {
         let Some(strategy) = strategy(kernel) else {
-            if a.dtype == DType::F32 {
-                return Ok(Self::float_matmul(a, b));
-            }
-            // Half-type operands: Burn's kernel writing f32, as mixed precision runs it.
-            return burn_cubecl::kernel::matmul::matmul::<R>(
-                a,
-                b,
-                None,
-                burn_cubecl::kernel::matmul::MatmulStrategy::default(),
-                DType::F32,
-            )
-            .map_err(|e| format!("{e:?}"));
+            // Half-type operands: mixed precision's own product, writing f32.
+            return Ok(if a.dtype == DType::F32 {
+                Self::float_matmul(a, b)
+            } else {
+                super::device_mixed::burn_product_f32::<R, F, I, BT>(a, b)
+            });
         };
         let (m, n) = (a.shape()[0], b.shape()[1]);
         let (client, device) = (a.client.clone(), a.device.clone());
@@ -253,13 +254,7 @@ fn product_with<B: DeviceMatmul>(
     if kernel == Kernel::Burn || da.num_dims() != 2 || db.num_dims() != 2 {
         return None;
     }
-    match B::try_product(a.clone(), b.clone(), kernel) {
-        Ok(y) => Some(y),
-        Err(why) => {
-            report_fallback(kernel, Site { form: "mixed-precision", weight: [db[0], db[1]] }, &why);
-            None
-        }
-    }
+    try_reported::<B>(a, b, kernel, Site { form: "mixed-precision", weight: [db[0], db[1]] })
 }
 
 impl<B> DeviceMatmul for Fusion<B>

@@ -181,15 +181,28 @@ where
     fn product_f32(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         // `--matmul`'s kernel where one was chosen and runs here (two matrices: the linear
         // layers' products and their gradients).
-        if let Some(y) = super::device_matmul::chosen_product::<Self>(&a, &b) {
-            return y;
-        }
-        match matmul::<R>(a.clone(), b.clone(), None, MatmulStrategy::default(), DType::F32) {
-            Ok(y) => y,
-            // A product kernel that cannot write f32 from the half type: the half product,
-            // cast up (what Burn's casts would have given).
-            Err(_) => Self::float_cast(Self::float_matmul(a, b), FloatDType::F32),
-        }
+        super::device_matmul::chosen_product::<Self>(&a, &b)
+            .unwrap_or_else(|| burn_product_f32::<R, F, I, BT>(a, b))
+    }
+}
+
+/// `a · b` of half-type operands written in f32 by Burn's product kernel (cubek's `Auto`), or
+/// where that kernel cannot write f32 from the half type, the half product cast up (what Burn's
+/// casts would have given).
+pub(crate) fn burn_product_f32<R, F, I, BT>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    match matmul::<R>(a.clone(), b.clone(), None, MatmulStrategy::default(), DType::F32) {
+        Ok(y) => y,
+        Err(_) => Cube::<R, F, I, BT>::float_cast(
+            Cube::<R, F, I, BT>::float_matmul(a, b),
+            FloatDType::F32,
+        ),
     }
 }
 

@@ -325,12 +325,9 @@ impl Operands {
         }
     }
 
-    fn name(self) -> &'static str {
-        match self {
-            Operands::F32 => "f32",
-            Operands::Bf16 => "bf16",
-            Operands::F16 => "f16",
-        }
+    /// The name `--operands` takes.
+    fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self).map_or_else(String::new, |v| v.get_name().into())
     }
 }
 
