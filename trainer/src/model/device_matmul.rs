@@ -27,6 +27,7 @@ use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
+use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
@@ -199,10 +200,10 @@ where
             return Ok(out);
         }
         // cubek reads strided operands; other layouts than a plain or transposed matrix are
-        // made contiguous first.
+        // made contiguous first, and rows not 16 bytes apart are copied into rows that are.
         let (lhs, rhs) = (a.dtype, b.dtype);
         let operand = |t: FloatTensor<Self>| {
-            let t = if is_matrix_view(&t) { t } else { contiguous(t) };
+            let t = aligned_rows(if is_matrix_view(&t) { t } else { contiguous(t) });
             let dtype = t.dtype;
             InputBinding::new(t.binding(), dtype.into())
         };
@@ -226,11 +227,60 @@ where
 
 /// Whether `t` is a row-major matrix or its transpose (unit stride on one axis, the other's
 /// stride at least that axis's length).
-fn is_matrix_view<R: CubeRuntime>(t: &burn_cubecl::tensor::CubeTensor<R>) -> bool {
+fn is_matrix_view<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     let (shape, strides) = (t.meta.shape(), t.meta.strides());
     shape.num_dims() == 2
         && ((strides[1] == 1 && strides[0] >= shape[1])
             || (strides[0] == 1 && strides[1] >= shape[0]))
+}
+
+/// The distance in bytes between a matrix operand's rows (along its stride that is not 1)
+/// that cubek's TMA and `cp.async` loads require ("strides aligned to 16 bytes").
+const ROW_ALIGN: usize = 16;
+
+/// The stride of a matrix view (see [`is_matrix_view`]) that is not its unit one: between rows
+/// of a row-major view, between columns of a transposed one. A row-major view wins a tie
+/// (`[m, 1]`, strides `[1, 1]`), as cubek decides its layout.
+fn outer_stride(strides: &[usize]) -> usize {
+    if strides[1] == 1 {
+        strides[0]
+    } else {
+        strides[1]
+    }
+}
+
+/// `t`, a matrix view, as it is where its [`outer_stride`] is a multiple of [`ROW_ALIGN`]
+/// bytes; else a row-major copy of it whose rows are padded to that (the padding is never
+/// read).
+///
+/// Why: TMA and `cp.async` kernels refuse other operands, and on an H200 the joint's output
+/// layer, `[640, 1030]` (4,120-byte rows), was the one linear layer whose three products
+/// fell back to Burn's slower kernel (bench/RESULTS.md, 2026-11-29). The other kernels load
+/// vectors of the widest size that divides a row (2 of 1030's f32), 4 after the copy. The copy
+/// costs one pass over the operand: for that layer's logits gradient, about 0.5 GB, a fraction
+/// of a millisecond on an H200's HBM, against a product of 0.17 TFLOP.
+fn aligned_rows<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let size = t.dtype.size();
+    let (rows, cols) = (t.meta.shape()[0], t.meta.shape()[1]);
+    if (outer_stride(t.meta.strides()) * size).is_multiple_of(ROW_ALIGN) || rows * cols == 0 {
+        return t;
+    }
+    let pitch = (cols * size).next_multiple_of(ROW_ALIGN) / size;
+    let (client, device, dtype) = (t.client.clone(), t.device.clone(), t.dtype);
+    // `empty`'s buffer (poisoned with NaN in the tests), counted in f32: rows of a multiple of
+    // 16 bytes hold a whole number of them.
+    let buffer = empty::<R>(&client, &device, vec![rows * pitch * size / 4]);
+    let mut meta = (*t.meta).clone();
+    meta.strides[0] = pitch;
+    meta.strides[1] = 1;
+    let out = CubeTensor::new(client.clone(), buffer.handle, meta, device, dtype);
+    burn_cubecl::cubecl::std::tensor::copy_gpu_ref(
+        &client,
+        t.binding(),
+        out.clone().binding(),
+        dtype.into(),
+    );
+    out
 }
 
 /// `a [m, k] · b [k, n]` in f32 with the kernel `--matmul` chose, for mixed precision's products
@@ -443,7 +493,7 @@ mod tests {
                 let e_dx = worst(&dx, &oracle(&dy, &w.clone().transpose()));
                 let e_dw = worst(&dw, &oracle(&x.transpose(), &dy));
                 eprintln!("{kernel:?}: y {e_y:.1e}, dx {e_dx:.1e}, dw {e_dw:.1e}");
-                // Measured at most 1.8e-7.
+                // Measured at most 1.9e-7 (operands with rows aligned, see `aligned_rows`).
                 for e in [e_y, e_dx, e_dw] {
                     assert!(e < 9e-7, "{kernel:?}: {e:e}");
                 }
@@ -476,11 +526,49 @@ mod tests {
             let e = worst(&y, &want);
             eprintln!("{kernel:?}: {e:.1e}");
             // Products of f16 values are exact in f32; the f32 sums' rounding is left
-            // (measured 9.4e-8 for both).
+            // (measured 1.5e-7 for both; 9.4e-8 before `aligned_rows` changed the operands'
+            // vector width, and with it the order of the sums).
             assert!(e < 4.5e-7, "{kernel:?}: {e:e}");
         }
         assert!(product_with::<W>(&pa, &pb, Kernel::DoubleCyclicCmma).is_none());
         assert!(product_with::<W>(&pa, &pb, Kernel::Burn).is_none());
+    }
+
+    /// An operand whose rows are not 16 bytes apart (f32 and f16, plain and transposed) is
+    /// copied into one whose rows are, with the same values; one whose rows are is left as it
+    /// is. (The products in the tests above read such operands through it: 45, 33, 29 and 23
+    /// values a row.)
+    #[test]
+    fn operands_get_rows_16_bytes_apart() {
+        let device = Default::default();
+        let f16 = |t: Tensor<W, 2>| t.cast(burn::tensor::FloatDType::F16);
+        let random = |dims: [usize; 2]| {
+            Tensor::<W, 2>::random(dims, Distribution::Uniform(-1.0, 1.0), &device)
+        };
+        let cases = [
+            random([7, 13]),
+            random([13, 7]).transpose(),
+            f16(random([5, 12])),
+            f16(random([12, 5])).transpose(),
+            random([3, 1]),
+        ];
+        for t in cases {
+            let before = t.clone().cast(burn::tensor::FloatDType::F32).into_data();
+            let p = float(t.clone());
+            let (size, strides) = (p.dtype.size(), p.meta.strides().to_vec());
+            assert!(!(outer_stride(&strides) * size).is_multiple_of(ROW_ALIGN), "{strides:?}");
+            let q = aligned_rows(p);
+            let outer = outer_stride(q.meta.strides());
+            assert_eq!(q.meta.strides()[1], 1, "row-major after the copy");
+            assert!((outer * size).is_multiple_of(ROW_ALIGN), "{:?}", q.meta.strides());
+            assert!(outer * size < q.meta.shape()[1] * size + ROW_ALIGN, "padded no further");
+            let after = Tensor::<W, 2>::from_primitive(TensorPrimitive::Float(q));
+            let after = after.cast(burn::tensor::FloatDType::F32).into_data();
+            assert_eq!(before, after);
+        }
+        let kept = float(random([4, 8]).transpose());
+        let strides = kept.meta.strides().to_vec();
+        assert_eq!(aligned_rows(kept).meta.strides().to_vec(), strides);
     }
 
     /// Every kernel either runs (and gives float64's product) or says why not; none panics.
