@@ -413,12 +413,32 @@ def check_train_big(rc, log, work, name="d"):
         pages = ", ".join(f"{p['pages']} x {fmt(p['page_bytes'])}" for p in taken if p["page_bytes"])
         pool_s += f"; pages: {pages or 'none'} (largest buffer asked {fmt(layout['largest_request_bytes'])})"
     host_s = host_threads(work, name, figures)
+    host_s += matmul_fallbacks(log, figures)
     save(work, name, figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
     mem_s += pool_s
     return (f"PASS: {len(ms)} steps, median {step_s:.3f} s/step ({figures['audio_seconds_per_step']:.0f} audio-s per step), "
             f"{audio:.1f} audio-s/s, data wait {100 * figures['data_wait_share']:.1f} %, peak device memory {mem_s}; "
             f"{mfu_s}{host_s}")
+
+
+def matmul_fallbacks(log, figures):
+    """The products `--matmul`'s kernel could not run (its warnings: which product, the weight's
+    shape, why), into `figures`, and a clause for the verdict; empty where there were none or no
+    kernel was chosen. On an H200 the joint's [640, 1030] weight was the one that fell back, until
+    its operands' rows were aligned (device_matmul's aligned_rows)."""
+    try:
+        text = open(log, errors="replace").read()
+    except OSError:
+        return ""
+    found = re.findall(r"warning: --matmul (\S+): cannot run the (.+?) product of a \[(\d+), (\d+)\] "
+                       r"weight on this device \((.*?)\); Burn's product is used there", text)
+    if not found:
+        return ""
+    figures["matmul_fallbacks"] = [{"kernel": k, "product": p, "weight": [int(i), int(o)], "why": w[:200]}
+                                   for k, p, i, o, w in found]
+    sites = ", ".join(f"{p} of [{i}, {o}]" for _, p, i, o, _ in found)
+    return f"; --matmul {found[0][0]} fell back to Burn's product in {len(found)} products: {sites}"
 
 
 def host_threads(work, name, figures):
