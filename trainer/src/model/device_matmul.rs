@@ -255,9 +255,9 @@ fn outer_stride(strides: &[usize]) -> usize {
 ///
 /// Why: TMA and `cp.async` kernels refuse other operands, and on an H200 the joint's output
 /// layer, `[640, 1030]` (4,120-byte rows), was the one linear layer whose three products
-/// fell back to Burn's slower kernel (bench/RESULTS.md, 2026-11-29). The other kernels load
-/// vectors of the widest size that divides a row (2 of 1030's f32), 4 after the copy. The copy
-/// costs one pass over the operand: for that layer's logits gradient, about 0.5 GB, a fraction
+/// fell back to Burn's slower kernel (bench/RESULTS.md, 2026-11-29). Every chosen kernel
+/// reads the copy, so the unit kernels' tests on lavapipe cover it. The copy costs one pass
+/// over the operand: for that layer's logits gradient, about 0.5 GB, a fraction
 /// of a millisecond on an H200's HBM, against a product of 0.17 TFLOP.
 fn aligned_rows<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let size = t.dtype.size();
@@ -526,8 +526,8 @@ mod tests {
             let e = worst(&y, &want);
             eprintln!("{kernel:?}: {e:.1e}");
             // Products of f16 values are exact in f32; the f32 sums' rounding is left
-            // (measured 1.5e-7 for both; 9.4e-8 before `aligned_rows` changed the operands'
-            // vector width, and with it the order of the sums).
+            // (measured 1.5e-7 for both; 9.4e-8 before `aligned_rows` copied both operands,
+            // the transposed one row-major: the kernel's order of sums follows the layout).
             assert!(e < 4.5e-7, "{kernel:?}: {e:e}");
         }
         assert!(product_with::<W>(&pa, &pb, Kernel::DoubleCyclicCmma).is_none());
