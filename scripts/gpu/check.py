@@ -497,14 +497,40 @@ def check_matmul(rc, log, work, name="mm"):
     if best and per_case_total:
         note.append(f"each case's fastest {per_case_total * 1e3:.2f} ms "
                     f"({best['total_seconds'] / per_case_total:.2f}x the fastest kernel's total)")
+    peer = matmul_peer(work, name, best)
+    note.append(peer["note"])
     if wrong:
         note.append("WRONG (error over " + str(data["error_bound"]) + "): " + ", ".join(wrong))
     if unavailable:
         note.append(f"{len(unavailable)} unavailable here")
     save(work, name, {"operands": data.get("operands", "f32"), "totals": data["totals"],
                       "fastest_correct": best, "fastest_per_case": per_case,
-                      "per_case_total_seconds": per_case_total})
+                      "per_case_total_seconds": per_case_total, "peer": peer.get("figures")})
     return f"{'PASS' if best and not wrong else 'FAIL'}: " + "; ".join(note)
+
+
+def matmul_peer(work, name, best):
+    """PyTorch's product at mm's (or mb's) cases (bench/matmul_peer.py's NAME-peer.json): a
+    clause for the verdict, and its figures against the fastest correct kernel's, per case and in
+    all. Not part of the verdict: the peer is the device library's rate, not a check."""
+    data = load_json(os.path.join(work, f"{name}-peer.json"))
+    if data is None:
+        return {"note": "PyTorch's product not timed (see the log)"}
+    rows = data["results"]
+    if not data.get("all_correct"):
+        wrong = ", ".join(r["case"] for r in rows if not r["correct"])
+        return {"note": f"PyTorch's product WRONG at {wrong} (error over {data['error_bound']})",
+                "figures": data}
+    total = data["total_seconds"]
+    figures = {"device": data["device"], "torch": data["torch"], "precision": data["precision"],
+               "out_dtype": data["out_dtype"], "total_seconds": total,
+               "cases": {r["case"]: {"seconds": r["seconds"], "tflops": r["tflops"]} for r in rows}}
+    note = (f"PyTorch ({data['precision']}, {data['out_dtype']} out) {total * 1e3:.2f} ms over the cases, "
+            f"best case {max(r['tflops'] for r in rows):.1f} TFLOP/s")
+    if best:
+        figures["fastest_kernel_over_pytorch"] = best["total_seconds"] / total
+        note += f"; {best['kernel']} takes {figures['fastest_kernel_over_pytorch']:.2f}x its time"
+    return {"note": note, "figures": figures}
 
 
 def check_profile(rc, log, work, dry="0"):

@@ -64,10 +64,12 @@
 #        time scales with the batch
 #   mm   the matmul kernels of `asrt train --matmul` (cubek's strategies, those in mm_kernels)
 #        at the 0.6B preset's linear products, forward and both gradients' forms: time,
-#        TFLOP/s, error against float64, the fastest correct one (asrt-bench matmul)
+#        TFLOP/s, error against float64, the fastest correct one (asrt-bench matmul); then
+#        PyTorch's product (cuBLAS, TF32) at the same cases where torch is (bench/matmul_peer.py)
 #   dm   dw with mm's fastest correct kernel other than Burn's (`--matmul`), run twice (the
 #        first compiles it)
-#   mb   mm with mixed precision's operands, bf16 in and f32 out (`--operands bf16`)
+#   mb   mm with mixed precision's operands, bf16 in and f32 out (`--operands bf16`), and
+#        PyTorch's product on the same bf16 operands
 #   bm   db with mb's fastest correct kernel other than Burn's for the linear layers' products,
 #        run twice
 #   e    the same shape and batch size in PyTorch: transformers' ParakeetForTDT in f32, TF32 and
@@ -513,12 +515,28 @@ matmul_kernels() {
   { [ "${ASRT_MM_KERNELS:-}" = all ] || [ "$dry" = 1 ]; } && list=()
   "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 --operands "$1" "${list[@]}"
 }
-step_mm() { matmul_kernels f32 > "$work/mm.json"; }
+# matmul_peer OPERANDS NAME: PyTorch's product (cuBLAS on CUDA) at the cases of NAME.json
+# (bench/matmul_peer.py, into NAME-peer.json) where torch is: what the device's own library
+# reaches on the same products. The step's verdict stays its kernels'; a peer that cannot run
+# says why in the step's log, and check.py says it was not timed.
+matmul_peer() {
+  local pdev=cuda
+  [ "$dry" = 1 ] && pdev=cpu
+  "$peer_python" bench/matmul_peer.py --sizes "$sizes" --operands "$1" --device "$pdev" \
+    --check "$work/$2.json" --json-out "$work/$2-peer.json"
+  echo "matmul peer: exit $?"
+}
+step_mm() { matmul_kernels f32 > "$work/mm.json" || return $?; matmul_peer f32 mm; }
 check_mm() { py matmul "$1" "$logs/mm.log" "$work" mm; }
 
 # mm with mixed precision's operands: bf16 in, f32 out (f16 on a dry run: lavapipe has no
 # bfloat16).
-step_mb() { matmul_kernels "$([ "$dry" = 1 ] && echo f16 || echo bf16)" > "$work/mb.json"; }
+step_mb() {
+  local operands=bf16
+  [ "$dry" = 1 ] && operands=f16
+  matmul_kernels "$operands" > "$work/mb.json" || return $?
+  matmul_peer "$operands" mb
+}
 check_mb() { py matmul "$1" "$logs/mb.log" "$work" mb; }
 
 # fastest_kernel FILE: the fastest correct kernel other than Burn's in an asrt-bench matmul JSON.
@@ -670,7 +688,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_mb step_bm matmul_kernels fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
