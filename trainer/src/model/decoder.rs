@@ -208,6 +208,13 @@ impl<B: Backend> Joint<B> {
         &self.out
     }
 
+    /// Shows `visitor` the two projections' parameters (not the output layer's): those of the
+    /// forward before the joint's largest tensor (`train::graph_join::join_visited`).
+    pub fn visit_projections<V: burn::module::ModuleVisitor<B>>(&self, visitor: &mut V) {
+        self.enc.visit(visitor);
+        self.pred.visit(visitor);
+    }
+
     /// Projects encoder outputs `[.., d_enc]`.
     pub fn project_encoder<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.precision.linear(&self.enc, x)

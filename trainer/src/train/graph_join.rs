@@ -41,11 +41,25 @@ const FAN: usize = 8;
 /// Joins the graphs of `module`'s trainable parameters into one (see the module), unless
 /// `ASRT_GRAPH_JOIN=0`. On an autodiff backend other than the trainer's it does nothing.
 pub fn join<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) {
+    join_visited::<B>(|params| module.visit(params));
+}
+
+/// [`join`] over the trainable parameters that `visit` shows to [`Params`]: those of the part
+/// of a model whose forward one backward will cover.
+///
+/// Why not always the whole model: a parameter used only after a detach, in a graph that a
+/// backward of its own consumes (the joint's output layer, run in parts of a micro-batch by
+/// `fused::joint_in_parts`), must not be joined to the forward before the detach. Joined, a
+/// part's backward took part of that forward's graph with it, and the later backward through
+/// the forward found no steps left: the prediction network got no gradient at all, in about one
+/// run in ten (tests/it/fused_joint.rs, 4 failures in 40; which graph a merge keeps follows a
+/// hash map's order).
+pub fn join_visited<B: AutodiffBackend>(visit: impl FnOnce(&mut Params<B>)) {
     if !enabled() {
         return;
     }
     let mut params = Params::<B> { tensors: Vec::new() };
-    module.visit(&mut params);
+    visit(&mut params);
     if params.tensors.len() < 2 {
         return;
     }
@@ -127,8 +141,9 @@ impl<X: Backend, S: JoinState> Backward<X, FAN> for Join<S> {
     }
 }
 
-/// The primitives of the trainable parameters, in the module's order.
-struct Params<B: AutodiffBackend> {
+/// The primitives of the trainable parameters a module visit shows, in its order
+/// ([`join_visited`]).
+pub struct Params<B: AutodiffBackend> {
     tensors: Vec<FloatTensor<B>>,
 }
 

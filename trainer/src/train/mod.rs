@@ -461,8 +461,15 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let cfg: &ModelConfig = &self.cfg.model;
         let b = batch.size();
         let (feats, frame_lens) = self.features(batch, train)?;
-        // Before the forward's first operation meets a parameter (graph_join's module doc).
-        graph_join::join(&self.model);
+        // Before the forward's first operation meets a parameter (graph_join's module doc):
+        // the parameters of this forward, not the joint's output layer, which the joint's parts
+        // each run after a detach, with a backward of their own (`graph_join::join_visited`).
+        let model = &self.model;
+        graph_join::join_visited(|params| {
+            model.encoder.visit(params);
+            model.prediction.visit(params);
+            model.joint.visit_projections(params);
+        });
         let (enc, enc_lens) = self.model.encode(cfg, feats, &frame_lens);
         let u = batch.max_tokens;
         let ids: Vec<i64> = batch.tokens.iter().map(|&x| i64::from(x)).collect();
