@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 # libsentencepiece-dev and libopus-dev (the Opus decoder) are linked through pkg-config; cmake builds the libFLAC sources that
 # libflac-sys bundles; sox, flac and sentencepiece (spm_train, spm_encode) are the reference
 # tools the tests compare against; mesa-vulkan-drivers is Mesa's software Vulkan driver
-# (lavapipe), on which the wgpu backend runs the TDT kernels when there is no GPU.
-apt_packages=(pkg-config cmake libsentencepiece-dev libopus-dev sentencepiece sox flac mesa-vulkan-drivers)
+# (lavapipe), on which the wgpu backend runs the TDT kernels when there is no GPU; patch and curl
+# make vendor/cubecl-cuda (below).
+apt_packages=(pkg-config cmake libsentencepiece-dev libopus-dev sentencepiece sox flac mesa-vulkan-drivers patch curl)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -31,6 +32,9 @@ if ! python3 -c 'import tensorboard' 2>/dev/null; then
   echo "setup: installing TensorBoard (its reader checks asrt's event files)"
   python3 -m pip install --quiet --disable-pip-version-check tensorboard
 fi
+
+# The patched cubecl-cuda the workspace's Cargo.toml points at: no cargo command works without it.
+bash scripts/vendor.sh
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install a Rust toolchain" >&2; exit 1; }
 echo "setup: ok"

@@ -273,14 +273,14 @@ def grad_norm_cause(figures, bound=STEP1_BOUND):
 
 
 def check_grad_norms(rc, log, work):
-    """cg: each step's gradient norm, fused, unfused, with the unit matmul kernel and with Burn's
-    kernel writing dense rows, against the CPU reference's, the parameters whose norms differ most
+    """cg: each step's gradient norm, fused, unfused, with the unit matmul kernel, with Burn's
+    kernel writing dense rows and with cuBLAS's products, against the CPU reference's, the parameters whose norms differ most
     from the CPU run's, and the fused run again with poisoned buffers (the same bits, or a kernel
     reads what no kernel wrote)."""
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
     runs = {k: metrics(os.path.join(work, f"cg-{k}", "metrics.jsonl"))
-            for k in ("fused", "unfused", "unit", "dense")}
+            for k in ("fused", "unfused", "unit", "dense", "cublas")}
     figures = {k: {"losses": [m["loss"] for m in ms], "grad_norms": [m["grad_norm"] for m in ms]}
                for k, ms in runs.items()}
     cpu = norms_by_step(os.path.join(work, "cg-cpu.jsonl"))
@@ -654,7 +654,7 @@ def summary(records, work, out, dry):
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     names = {"env": "environment", "a": "TDT kernels vs float64", "b": "PyTorch TDT loss",
-             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit and dense matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dj": "0.6B preset, warm, parameters' graphs not joined", "dp": "0.6B preset, one step's kernels", "hp": "0.6B preset, host threads under perf", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
+             "c": "tiny, 40 steps + eval", "cg": "tiny, 3 steps' gradient norms, fused, unfused, unit, dense and cuBLAS matmul, poisoned", "d": "0.6B preset steps", "dw": "0.6B preset, warm kernel cache", "dr": "0.6B preset, warm, operations resolved on the training thread", "dj": "0.6B preset, warm, parameters' graphs not joined", "dp": "0.6B preset, one step's kernels", "hp": "0.6B preset, host threads under perf", "du": "0.6B preset, warm, fusion off", "db": "0.6B preset, bf16-mixed (second run)", "d2": "0.6B preset, larger batch", "mm": "matmul kernels at the 0.6B products", "dm": "0.6B preset, warm, mm's fastest matmul",
              "mb": "matmul kernels on bf16 operands, f32 out", "bm": "0.6B preset, bf16-mixed, mb's fastest matmul (second run)",
              "e": "PyTorch ParakeetForTDT steps", "f": "out of memory", "g": "device refusals"}
     md = ["| step | what | verdict | seconds | seen |", "|---|---|---|---|---|"]

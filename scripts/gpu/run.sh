@@ -264,7 +264,7 @@ step_env() {
   for t in nsys ncu perf; do command -v "$t" >/dev/null && echo "profiler: $t at $(command -v "$t")"; done
   nvidia-smi 2>&1 | head -n 15 || true
   command -v nvcc >/dev/null && nvcc --version | tail -n 2
-  for lib in libcuda.so.1 libnvrtc.so libnvrtc.so.13 libnccl.so libnccl.so.2; do
+  for lib in libcuda.so.1 libnvrtc.so libnvrtc.so.13 libnccl.so libnccl.so.2 libcublas.so.13; do
     python3 -c 'import ctypes,sys; ctypes.CDLL(sys.argv[1]); print("loads:", sys.argv[1])' "$lib" 2>/dev/null \
       || echo "does not load: $lib"
   done
@@ -335,6 +335,13 @@ step_cg() {
   # it falls back to Burn's product, so the fused run's bits.)
   ASRT_GRAD_NORMS="$work/cg-dense.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
     --out "$work/cg-dense" --device "$dev" --max-steps 3 --matmul simple-cyclic-cmma --init "$init" \
+    || return $?
+  # The fused run with cuBLAS's products (`--matmul cublas`, TF32 as Burn's CUDA kernels): a
+  # library call on CubeCL's stream, which this run checks in training, fused, where an ordering
+  # fault would show as norms far from the CPU run's. (Lavapipe: cuBLAS runs on CUDA only, so
+  # Burn's product and the fused run's bits.)
+  ASRT_GRAD_NORMS="$work/cg-cublas.jsonl" "$bin/asrt" train "$corpus" --config "$cfg" \
+    --out "$work/cg-cublas" --device "$dev" --max-steps 3 --matmul cublas --init "$init" \
     || return $?
   # The fused run again with the trainer's kernels' new buffers filled with NaN
   # (device_op::poisoned; the fused run above is without): the
@@ -504,9 +511,10 @@ check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
 # loaded by TMA, or warp-specialised); and the variants of those, with one cp.async and one
 # ordered kernel, from Burn's own autotune list. The rest were no faster than Burn's, or at 1.7x
 # its total and slower (the unit kernels, double-cyclic-cmma, double-tilewise-cmma,
-# double-hybrid-cmma, ordered-double-cmma). ASRT_MM_KERNELS overrides the list; "all" times
+# double-hybrid-cmma, ordered-double-cmma). And cuBLAS (`cublas`), the library PyTorch's
+# products run, through the trainer's own call. ASRT_MM_KERNELS overrides the list; "all" times
 # every kernel.
-mm_kernels="burn,simple-tma-cmma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma"
+mm_kernels="burn,cublas,simple-tma-cmma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma"
 mm_kernels="$mm_kernels,simple-tma-mma,simple-tma-mma-multi-rows,double-tma-cmma-specialized,double-tma-mma-specialized,specialized-tma-mma,double-async-cyclic-mma,ordered-double-mma-rows8"
 # matmul_kernels OPERANDS: asrt-bench matmul over mm_kernels with operands of that type.
 matmul_kernels() {

@@ -6,8 +6,9 @@
 //! the batch plan and loader (re-exported from `asr-plan`), the model, training, checkpoints and
 //! evaluation. The TDT loss is the `asr-tdt` crate. Everything else is internal and may change
 //! without notice.
-// Only `allocator` (mimalloc's C option API), `cuda_env` (cudarc's raw CUDA bindings) and
-// `model::host_product` (gemm's pointer-and-stride products) may use `unsafe` here (asr-tdt's
+// Only `allocator` (mimalloc's C option API), `cuda_env` (cudarc's raw CUDA bindings),
+// `model::cublas_product` (cuBLAS's raw bindings) and `model::host_product` (gemm's
+// pointer-and-stride products) may use `unsafe` here (asr-tdt's
 // `cube` and `joint` are the other places: CubeCL's unchecked kernel launches, gemm), and say
 // why at each use.
 #![deny(unsafe_code)]

@@ -48,7 +48,8 @@ pub use super::matmul_kernel::{chosen, Kernel};
 /// Burn's.
 fn strategy(kernel: Kernel) -> Option<Strategy> {
     Some(match kernel {
-        Kernel::Burn => return None,
+        // cuBLAS is no cubek strategy: `try_product` takes it first.
+        Kernel::Burn | Kernel::Cublas => return None,
         Kernel::SimpleCyclicCmma => Strategy::SimpleCyclicCmma(Default::default()),
         Kernel::SimpleCyclicMma => Strategy::SimpleCyclicMma(Default::default()),
         Kernel::SimpleTmaCmma => Strategy::SimpleTmaCmma(Default::default()),
@@ -185,6 +186,9 @@ where
         b: FloatTensor<Self>,
         kernel: Kernel,
     ) -> Result<FloatTensor<Self>, String> {
+        if kernel == Kernel::Cublas {
+            return cublas::<R>(a, b);
+        }
         let Some(strategy) = strategy(kernel) else {
             // Half-type operands: mixed precision's own product, writing f32.
             return Ok(if a.dtype == DType::F32 {
@@ -223,6 +227,23 @@ where
         .map_err(|e| format!("{e:?}").trim().replace('\n', "; "))?;
         Ok(out)
     }
+}
+
+/// The product through cuBLAS where `R` is CUDA's runtime (`model::cublas_product`), else why
+/// not.
+fn cublas<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> Result<CubeTensor<R>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        type C = burn_cubecl::cubecl::cuda::CudaRuntime;
+        if let (Some(a), Some(b)) =
+            (cast::<_, CubeTensor<C>>(a.clone()), cast::<_, CubeTensor<C>>(b.clone()))
+        {
+            let y = super::cublas_product::product(a, b).map_err(|e| e.to_string())?;
+            return cast::<_, CubeTensor<R>>(y).ok_or_else(|| "CUDA's tensor type".to_string());
+        }
+    }
+    drop((a, b));
+    Err("cuBLAS runs on CUDA only".to_string())
 }
 
 /// Whether `t` is a row-major matrix or its transpose (unit stride on one axis, the other's

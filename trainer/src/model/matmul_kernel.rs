@@ -12,6 +12,9 @@ pub enum Kernel {
     /// Burn's product (fusion's simple cyclic CMMA, or its own without fusion).
     #[default]
     Burn,
+    /// cuBLAS's product (CUDA only; TF32 tensor cores for f32 operands): the library PyTorch's
+    /// products run, called on CubeCL's stream (`model::cublas_product`).
+    Cublas,
     /// One stage, cyclic loading, CMMA tiles.
     SimpleCyclicCmma,
     /// One stage, cyclic loading, MMA tiles.

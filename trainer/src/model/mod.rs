@@ -1,8 +1,13 @@
 //! The FastConformer-TDT model: mel front end, encoder, prediction network, joint.
 
 pub mod augment;
+#[cfg(any(feature = "cuda", test))]
+pub mod column_major;
 pub mod config;
 pub mod conv;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod cublas_product;
 pub mod decoder;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_attention;
