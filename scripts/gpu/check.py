@@ -274,9 +274,10 @@ def grad_norm_cause(figures, bound=STEP1_BOUND):
 
 def check_grad_norms(rc, log, work):
     """cg: each step's gradient norm, fused, unfused, with the unit matmul kernel, with Burn's
-    kernel writing dense rows and with cuBLAS's products, against the CPU reference's, the parameters whose norms differ most
-    from the CPU run's, and the fused run again with poisoned buffers (the same bits, or a kernel
-    reads what no kernel wrote)."""
+    kernel writing dense rows and with cuBLAS's products, against the CPU reference's, the
+    parameters whose norms differ most from the CPU run's, and the fused run again with poisoned
+    buffers (the same bits, or a kernel reads what no kernel wrote). A run with no metrics (the
+    cublas run's failure is only logged) fails the verdict and is named."""
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
     runs = {k: metrics(os.path.join(work, f"cg-{k}", "metrics.jsonl"))
@@ -301,6 +302,10 @@ def check_grad_norms(rc, log, work):
         # and its parameters' norms 25-110 % off.
         worst = worst_parameters(mine.get(1, {}), cpu.get(1, {}), 3)
         ok = ok and len(rel) == 3 and rel[0] <= STEP1_BOUND and all(r <= 5e-2 for r, _, _, _ in worst)
+        if not f["grad_norms"]:
+            parts.append(f"{k}: no steps (see the log)")
+            ok = False
+            continue
         note = f"{k}: |g| vs the CPU run " + ", ".join(f"{x:.1e}" for x in rel)
         note += "; step 1's most different norms: " + ", ".join(f"{name} {r:.1e}" for r, name, _, _ in worst)
         parts.append(note)
