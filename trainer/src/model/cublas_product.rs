@@ -247,6 +247,5 @@ pub fn product(
         )
     }
     .map_err(|e| CublasProductError::Blas { call: "cublasGemmEx", status: e.to_string() })?;
-    drop((a, b));
     Ok(out)
 }

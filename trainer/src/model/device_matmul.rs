@@ -232,16 +232,17 @@ where
 /// The product through cuBLAS where `R` is CUDA's runtime (`model::cublas_product`), else why
 /// not.
 fn cublas<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> Result<CubeTensor<R>, String> {
+    // The casts take the tensors (no clone on this per-product path): where `R` is not CUDA's
+    // runtime both casts fail and the tensors are dropped with them.
     #[cfg(feature = "cuda")]
-    {
-        type C = burn_cubecl::cubecl::cuda::CudaRuntime;
-        if let (Some(a), Some(b)) =
-            (cast::<_, CubeTensor<C>>(a.clone()), cast::<_, CubeTensor<C>>(b.clone()))
-        {
-            let y = super::cublas_product::product(a, b).map_err(|e| e.to_string())?;
-            return cast::<_, CubeTensor<R>>(y).ok_or_else(|| "CUDA's tensor type".to_string());
-        }
+    if let (Some(a), Some(b)) = (
+        cast::<_, CubeTensor<burn_cubecl::cubecl::cuda::CudaRuntime>>(a),
+        cast::<_, CubeTensor<burn_cubecl::cubecl::cuda::CudaRuntime>>(b),
+    ) {
+        let y = super::cublas_product::product(a, b).map_err(|e| e.to_string())?;
+        return cast::<_, CubeTensor<R>>(y).ok_or_else(|| "CUDA's tensor type".to_string());
     }
+    #[cfg(not(feature = "cuda"))]
     drop((a, b));
     Err("cuBLAS runs on CUDA only".to_string())
 }
