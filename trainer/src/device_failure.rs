@@ -12,11 +12,15 @@
 //! out of memory when the process-wide panic hook that [`watch`] installs saw an allocation
 //! fail.
 //! On the CPU backend `sync` does nothing and no such panic happens, so the check is free.
+//!
+//! Work the trainer queues on a device thread itself (cuBLAS's products,
+//! `model::cublas_product`) cannot return its error to the caller either: it is recorded with
+//! [`defer`] and the next [`check`] on any device fails with it (the message names the device).
 
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 
 use burn::tensor::backend::Backend;
 
@@ -31,6 +35,35 @@ const MISSING_BUFFER: &str = "couldn't find resource for that handle";
 /// Size of the first allocation that failed since it was taken, plus one (0: none).
 static FAILED_ALLOCATION: AtomicU64 = AtomicU64::new(0);
 
+/// Failures of queued work, recorded until a check takes them.
+struct Deferred(Mutex<Option<(String, u64)>>);
+
+impl Deferred {
+    /// Keeps the first failure, and counts the later ones.
+    fn record(&self, failure: String) {
+        let mut d = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match d.as_mut() {
+            Some((_, later)) => *later += 1,
+            None => *d = Some((failure, 0)),
+        }
+    }
+
+    /// What was recorded since the last take.
+    fn take(&self) -> Option<DeviceFailure> {
+        let taken = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        taken.map(|(first, later)| DeviceFailure::Deferred { first, later })
+    }
+}
+
+/// What [`defer`] recorded since the last [`check`].
+static DEFERRED: Deferred = Deferred(Mutex::new(None));
+
+/// Records a failure of work already queued on a device, whose results are therefore wrong:
+/// the next [`check`] fails with the first such failure and the count of later ones.
+pub fn defer(failure: String) {
+    DEFERRED.record(failure);
+}
+
 /// What the device reported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceFailure {
@@ -43,6 +76,14 @@ pub enum DeviceFailure {
     /// Any other failure the device reported.
     #[error("the device failed: {0}")]
     Failed(String),
+    /// Work queued on a device thread failed after its caller went on ([`defer`]).
+    #[error("{first}{}", if *later > 0 { format!(" (and {later} more such failures)") } else { String::new() })]
+    Deferred {
+        /// The first failure.
+        first: String,
+        /// How many failures came after it.
+        later: u64,
+    },
 }
 
 /// `bytes` with a binary unit.
@@ -130,8 +171,15 @@ pub fn contain<T>(f: impl FnOnce() -> T) -> Result<T, DeviceFailure> {
 /// The recorded allocation failure names no device (the panic comes from a server thread), so
 /// it is taken only by a device whose own sync failed: another device of the process (a test
 /// beside this one, another local rank) that is fine does not report it.
+///
+/// A failure recorded with [`defer`] comes first: it is the cause of wrong results even where
+/// the sync succeeds.
 pub fn check<B: Backend>(device: &B::Device) -> Result<(), DeviceFailure> {
-    let Err(e) = B::sync(device) else {
+    let synced = B::sync(device);
+    if let Some(deferred) = DEFERRED.take() {
+        return Err(deferred);
+    }
+    let Err(e) = synced else {
         return Ok(());
     };
     match FAILED_ALLOCATION.swap(0, Ordering::SeqCst) {
@@ -159,6 +207,25 @@ mod tests {
              handle: Memory page 0 doesn't exist"
         ));
         assert!(!missing_buffer("can't allocate buffer of size: 1024"));
+    }
+
+    #[test]
+    fn deferred_failures_keep_the_first_and_count_the_rest_until_taken() {
+        // A store of its own: the process's is taken by any check, other tests' included.
+        let d = Deferred(Mutex::new(None));
+        assert_eq!(d.take(), None);
+        d.record("a product failed".to_string());
+        d.record("another failed".to_string());
+        d.record("a third failed".to_string());
+        let failure = d.take().unwrap();
+        assert_eq!(
+            failure,
+            DeviceFailure::Deferred { first: "a product failed".to_string(), later: 2 }
+        );
+        assert_eq!(failure.to_string(), "a product failed (and 2 more such failures)");
+        assert_eq!(d.take(), None);
+        d.record("alone".to_string());
+        assert_eq!(d.take().map(|f| f.to_string()), Some("alone".to_string()));
     }
 
     #[test]

@@ -7,19 +7,30 @@
 //! `mma.sync` tiles but no Hopper `wgmma`. PyTorch's products, which run cuBLAS, make most of
 //! the difference between its step and asrt's.
 //!
-//! How it is ordered with CubeCL's kernels: cuBLAS is enqueued on the CUDA stream whose memory
-//! pool holds the product's new buffer, which is the stream CubeCL gives the calling thread.
-//! CubeCL 0.10 does not name its streams; the patched cubecl-cuda (`patches/`,
-//! `scripts/vendor.sh`) adds the stream to the resource `ComputeClient::get_resource`
-//! returns. `get_resource` runs on CubeCL's server in order with the launches before it, and,
-//! as a launch does, first makes the current stream wait for an operand's own stream. So the
-//! product follows every kernel that wrote its operands and precedes every kernel the thread
-//! launches after it.
+//! How it is ordered with CubeCL's kernels: the call runs on CubeCL's device thread, the one
+//! that launches the kernels, as a task queued behind the launches before it (CubeCL's
+//! `DeviceHandle::submit`, the way `ComputeClient` sends a launch). There it asks the server for
+//! the three buffers (`ComputeServer::get_resource`, which first makes the product's stream wait
+//! for an operand's own, as a launch does) and enqueues cuBLAS on the stream whose memory pool
+//! holds the product's new buffer: the stream of the thread that asked for the product. CubeCL
+//! 0.10 does not name its streams; the patched cubecl-cuda (`patches/`, `scripts/vendor.sh`)
+//! adds the stream to the resource. So the product follows every kernel that wrote its operands
+//! and precedes every kernel launched after it, and the calling thread does not wait: a blocking
+//! round trip to the device thread for each of the 0.6B step's 1,316 products would make the
+//! threads wait on each other (bench/RESULTS.md: such round trips to fusion's thread made an
+//! H200's step slower although its products were 1.75x faster).
+//!
+//! Errors: the first product on each thread and device waits for its call (creating cuBLAS's
+//! handle, the first `cublasGemmEx`), so that a library that does not work falls back to Burn's
+//! product. A later call that fails on the device thread cannot fall back (its output is
+//! already in use): it is recorded with [`crate::device_failure::defer`], and the next device
+//! check fails the micro-batch naming it. `ASRT_CUBLAS_WAIT=1` makes every product wait for its
+//! call (one round trip each), to measure what not waiting gains.
 //!
 //! Invariants: the product is row-major and contiguous; the operands are read as they are
 //! (plain or transposed, any row pitch: [`column_major::gemm`]), others made contiguous first;
-//! the operands stay alive (held here) until cuBLAS is enqueued, and the stream orders their
-//! reuse after it; every failure is an error, never a panic (cuBLAS missing included).
+//! the call holds the three buffers' bindings until cuBLAS is enqueued, and the stream orders
+//! their reuse after it; every failure is an error, never a panic (cuBLAS missing included).
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -27,13 +38,21 @@ use std::sync::OnceLock;
 
 use burn::tensor::{DType, TensorMetadata};
 use burn_cubecl::cubecl::cuda::{CudaRuntime, GpuResource};
+use burn_cubecl::cubecl::device::{Device, DeviceId};
+use burn_cubecl::cubecl::device_handle::DeviceHandle;
+use burn_cubecl::cubecl::server::{Binding, ComputeServer};
+use burn_cubecl::cubecl::stream_id::StreamId;
+use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use cudarc::cublas::result as blas;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::sys as driver;
 
-use super::column_major::{self, Operand};
+use super::column_major::{self, Gemm, Operand};
 use super::device_op::{contiguous, empty};
+
+/// CubeCL's CUDA server, the state its device thread owns.
+type Server = <CudaRuntime as Runtime>::Server;
 
 /// Why a product could not run through cuBLAS.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +92,12 @@ pub enum CublasProductError {
         /// CubeCL's error.
         why: String,
     },
+    /// CubeCL's device thread did not run the call.
+    #[error("CubeCL's device thread for {device:?} did not run the product")]
+    Thread {
+        /// The device.
+        device: DeviceId,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver, {call}: {code:?}")]
     Driver {
@@ -107,7 +132,8 @@ fn loaded() -> Result<(), CublasProductError> {
 
 thread_local! {
     /// This thread's cuBLAS handle for each CUDA context (`cublasCreate` binds a handle to the
-    /// context current then). Kept for the process: a handle holds its workspace.
+    /// context current then): the calls run on CubeCL's device threads, one per device, so
+    /// each holds one. Kept for the process: a handle holds its workspace.
     static HANDLES: RefCell<Vec<(usize, blas_sys::cublasHandle_t)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -144,21 +170,6 @@ fn handle_on(stream: driver::CUstream) -> Result<blas_sys::cublasHandle_t, Cubla
     Ok(handle)
 }
 
-/// CubeCL's resource for `t`'s buffer, in order with the thread's launches (see the module):
-/// its device address, its pool's stream (the patch's), and CubeCL's guard, which keeps the
-/// memory from being handed out again while it is held.
-fn resource(
-    t: &CubeTensor<CudaRuntime>,
-    which: &'static str,
-) -> Result<(u64, driver::CUstream, impl Sized), CublasProductError> {
-    let managed = t
-        .client
-        .get_resource(t.handle.clone())
-        .map_err(|e| CublasProductError::Resource { which, why: format!("{e:?}") })?;
-    let r: &GpuResource = managed.resource();
-    Ok((r.ptr, r.stream, managed))
-}
-
 /// cuBLAS's element type for an operand type, and the compute type for the pair.
 fn types(
     a: DType,
@@ -185,6 +196,118 @@ fn readable(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
     }
 }
 
+/// One product's cuBLAS call, made on the calling thread and run on CubeCL's device thread.
+struct Call {
+    /// The column-major arguments.
+    gemm: Gemm,
+    /// The operands' element type.
+    ty: blas_sys::cudaDataType,
+    /// The compute type for it.
+    compute: blas_sys::cublasComputeType_t,
+    /// The product's buffer, then the first and second operands'.
+    buffers: [Binding; 3],
+    /// The stream the product's buffer was made on: its pool's stream is the one cuBLAS joins.
+    stream: StreamId,
+}
+
+impl Call {
+    /// Enqueues the call on the device thread (see the module): the buffers' resources in order
+    /// with the launches before it, then cuBLAS on the product's stream.
+    fn enqueue(self, server: &mut Server) -> Result<(), CublasProductError> {
+        let Self { gemm, ty, compute, buffers: [c, a, b], stream } = self;
+        let mut resource = |binding: Binding, which: &'static str| {
+            server
+                .get_resource(binding, stream)
+                .map_err(|e| CublasProductError::Resource { which, why: format!("{e:?}") })
+        };
+        // The product's buffer first: it is new, so its pool's stream is the asking thread's.
+        let c = resource(c, "product")?;
+        let a = resource(a, "first operand")?;
+        let b = resource(b, "second operand")?;
+        let (c, a, b): (&GpuResource, &GpuResource, &GpuResource) =
+            (c.resource(), a.resource(), b.resource());
+        let handle = handle_on(c.stream)?;
+        let op = |o: Operand| {
+            if o.transposed {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the three addresses are CubeCL's live buffers (their resources are held until
+        // this returns) of the sizes the strides describe ([`column_major::gemm`] checked the
+        // leading dimensions, [`product`] that they fit an i32); `handle` is bound to the
+        // product's stream; alpha and beta are host f32, as the compute types here take them.
+        unsafe {
+            blas::gemm_ex(
+                handle,
+                op(gemm.first),
+                op(gemm.second),
+                gemm.m as i32,
+                gemm.n as i32,
+                gemm.k as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                b.ptr as *const c_void,
+                ty,
+                gemm.first.ld as i32,
+                a.ptr as *const c_void,
+                ty,
+                gemm.second.ld as i32,
+                (&beta as *const f32).cast::<c_void>(),
+                c.ptr as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                gemm.ldc as i32,
+                compute,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CublasProductError::Blas { call: "cublasGemmEx", status: e.to_string() })
+    }
+}
+
+/// Whether every product waits for its call (`ASRT_CUBLAS_WAIT=1`), read once.
+fn always_wait() -> bool {
+    static WAIT: OnceLock<bool> = OnceLock::new();
+    *WAIT.get_or_init(|| std::env::var("ASRT_CUBLAS_WAIT").is_ok_and(|v| v == "1"))
+}
+
+thread_local! {
+    /// The devices whose first product this thread has seen succeed, with the handle to their
+    /// device thread: their later calls are queued without waiting.
+    static PROVEN: RefCell<Vec<(DeviceId, DeviceHandle<Server>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `call` on `device`'s device thread: queued without waiting once this thread has seen a
+/// product succeed there, else waited for (see the module).
+fn run(device: DeviceId, call: Call) -> Result<(), CublasProductError> {
+    let proven =
+        PROVEN.with(|p| p.borrow().iter().find(|(d, _)| *d == device).map(|(_, h)| h.clone()));
+    if let Some(queue) = proven.as_ref().filter(|_| !always_wait()) {
+        queue.submit(move |server| {
+            if let Err(e) = call.enqueue(server) {
+                crate::device_failure::defer(format!(
+                    "a cuBLAS product (--matmul cublas) queued on {device:?} failed, so the \
+                     results that use it are wrong: {e}"
+                ));
+            }
+        });
+        return Ok(());
+    }
+    // The handle of the device's existing server (its client made the tensors).
+    let queue = proven.unwrap_or_else(|| DeviceHandle::<Server>::new(device));
+    queue
+        .submit_blocking(move |server| call.enqueue(server))
+        .map_err(|_| CublasProductError::Thread { device })??;
+    PROVEN.with(|p| {
+        let mut p = p.borrow_mut();
+        if !p.iter().any(|(d, _)| *d == device) {
+            p.push((device, queue));
+        }
+    });
+    Ok(())
+}
+
 /// `a [m, k] · b [k, n]` through cuBLAS, in f32 (see the module).
 pub fn product(
     a: CubeTensor<CudaRuntime>,
@@ -206,46 +329,13 @@ pub fn product(
         return Err(CublasProductError::Size { m, k, n });
     }
     let out = empty::<CudaRuntime>(&a.client, &a.device, vec![m, n]);
-    // The product's buffer first: it is new, so its pool's stream is this thread's.
-    let (c_ptr, stream, _c) = resource(&out, "product")?;
-    let (a_ptr, _, _a) = resource(&a, "first operand")?;
-    let (b_ptr, _, _b) = resource(&b, "second operand")?;
-    let handle = handle_on(stream)?;
-    let op = |o: Operand| {
-        if o.transposed {
-            blas_sys::cublasOperation_t::CUBLAS_OP_T
-        } else {
-            blas_sys::cublasOperation_t::CUBLAS_OP_N
-        }
+    let call = Call {
+        gemm,
+        ty,
+        compute,
+        stream: out.handle.stream,
+        buffers: [out.handle.clone().binding(), a.handle.binding(), b.handle.binding()],
     };
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    // SAFETY: the three addresses are CubeCL's live buffers (held until this returns) of the
-    // sizes the strides describe ([`column_major::gemm`] checked the leading dimensions);
-    // `handle` is bound to the product's stream; alpha and beta are host f32, as the compute
-    // types here take them.
-    unsafe {
-        blas::gemm_ex(
-            handle,
-            op(gemm.first),
-            op(gemm.second),
-            gemm.m as i32,
-            gemm.n as i32,
-            gemm.k as i32,
-            (&alpha as *const f32).cast::<c_void>(),
-            b_ptr as *const c_void,
-            ty,
-            gemm.first.ld as i32,
-            a_ptr as *const c_void,
-            ty,
-            gemm.second.ld as i32,
-            (&beta as *const f32).cast::<c_void>(),
-            c_ptr as *mut c_void,
-            blas_sys::cudaDataType::CUDA_R_32F,
-            gemm.ldc as i32,
-            compute,
-            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-    }
-    .map_err(|e| CublasProductError::Blas { call: "cublasGemmEx", status: e.to_string() })?;
+    run(out.device.to_id(), call)?;
     Ok(out)
 }
