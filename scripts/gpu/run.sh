@@ -16,14 +16,16 @@
 # A session's device time is short (15 minutes, machine start included). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only mm,dm,mb,bm --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only mm,dm,mb,bm,dc --budget SECONDS --work /tmp/asrt-kit
 # (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s; mb and bm
-# the same on bf16 operands and in bf16-mixed, about 90 and 120 s.)
+# the same on bf16 operands and in bf16-mixed, about 90 and 120 s; dc, last, dm's cuBLAS run
+# with each product waited for, about 50 s, where the budget leaves time.)
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
-# parameter count and mm's timings, and a later call with the same DIR reuses them: dm then
+# parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
 # call writes besides (runs, logs) is removed at its start. On a fresh machine DIR is empty and
-# every step makes what it needs, except dm, which needs mm's timings (run mm,dm then).
+# every step makes what it needs, except dm, which needs mm's timings (run mm,dm then), and dc,
+# which needs dm's kernel.
 #
 # Steps, each under a timeout, with its own log and a one-line verdict:
 #   env  the machine's facts: nvidia-smi, driver, nvcc, NVRTC and NCCL found, python's torch
@@ -68,6 +70,8 @@
 #        PyTorch's product (cuBLAS, TF32) at the same cases where torch is (bench/matmul_peer.py)
 #   dm   dw with mm's fastest correct kernel other than Burn's (`--matmul`), run twice (the
 #        first compiles it)
+#   dc   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_WAIT=1 (each product
+#        waits for its call on CubeCL's device thread): what not waiting gains; else skipped
 #   mb   mm with mixed precision's operands, bf16 in and f32 out (`--operands bf16`), and
 #        PyTorch's product on the same bf16 operands
 #   bm   db with mb's fastest correct kernel other than Burn's for the linear layers' products,
@@ -125,7 +129,7 @@ if [ -n "$keep" ]; then
   work="$(cd "$keep" && pwd)"
   # What a later call reuses (see --work above); the rest is this call's to write.
   find "$work" -mindepth 1 -maxdepth 1 ! -name kernel-cache ! -name '*.asrcorpus' \
-    ! -name parakeet.toml ! -name d-shape.json ! -name mm.json -exec rm -rf {} +
+    ! -name parakeet.toml ! -name d-shape.json ! -name mm.json ! -name dm.kernel -exec rm -rf {} +
   echo "run.sh: working in $work (kept: $(cd "$work" && ls | tr '\n' ' '))"
 else
   work="$(mktemp -d "${TMPDIR:-/tmp}/asrt-gpu.XXXXXX")"
@@ -595,6 +599,7 @@ with_fastest() {
     echo "$name with cublas exited $rc; again with the fastest other kernel: ${k:-none}"
     [ -n "$k" ] || return $rc
   done
+  echo "$k" > "$work/$name.kernel"
   measured "$name" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
     --out "$work/$name-run" --device "$mdev" --max-steps "$steps" --matmul "$k" "$@"
 }
@@ -606,6 +611,21 @@ step_dm() {
   with_fastest dm mm "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")"
 }
 check_dm() { py train-big "$1" "$logs/dm.log" "$work" dm; }
+
+# dm's cuBLAS run with every product waiting for its call (one round trip to CubeCL's device
+# thread each, the A/B for queuing them): only where dm trained with cublas, whose kernels are
+# then compiled, so it runs once.
+step_dc() {
+  big_setup || return $?
+  local k; k="$(cat "$work/dm.kernel" 2>/dev/null)"
+  [ "$k" = cublas ] || { echo "dc compares cuBLAS's calls waited for with dm's; dm trained with ${k:-nothing}"; return 3; }
+  ASRT_CUBLAS_WAIT=1 measured dc "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/dc-run" --device "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")" \
+    --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" --matmul cublas
+}
+check_dc() {
+  if [ "$1" = 3 ]; then echo "SKIPPED: $(tail -n 1 "$logs/dc.log")"; else py train-big "$1" "$logs/dc.log" "$work" dc; fi
+}
 
 # dw without fusion: each tensor operation its own kernel, as every run before fusion was. Run
 # twice, as db is: the unfused kernels are not in the cache d left.
@@ -724,7 +744,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_dc step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -750,6 +770,8 @@ run_step du 300 step_du
 run_step db 400 step_db
 run_step mb 330 step_mb
 run_step bm 400 step_bm
+# dc last: the A/B of a cuBLAS run that dm's figure may not need.
+run_step dc 200 step_dc
 run_step d2 300 step_d2
 run_step f 300 step_f
 
