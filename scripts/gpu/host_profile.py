@@ -10,7 +10,11 @@ full and whose consumers spin before they sleep, so a thread at 70 % may be spin
 that time. Each sample is classed by its symbol:
 
 - enqueue spin: `ChannelDeviceHandle::submit_inner`, where the producer's spin on a full ring
-  is inlined (its own work there, building a small closure, is a few instructions);
+  is inlined (its own work there, building a small closure, is a few instructions), and
+  burn-fusion's `GlobalFusionClient::register`, where the compiler inlines that same spin
+  (`perf annotate` on lavapipe, 2026-11-30: 76-88 % of each of its copies' samples on the
+  instruction after the loop's `pause`; its own work, the outputs' handles, is a few
+  allocations per operation);
 - idle spin: `custom_channel::Server::start`, the consumer's spin on an empty ring;
 - CUDA driver: anything in `libcuda` (launches, and the driver's own waits in a sync);
 - kernel: the operating system's side (`[k]` symbols: yields, sleeps, page faults);
@@ -34,7 +38,8 @@ CLASSES = ("work", "enqueue spin", "idle spin", "CUDA driver", "kernel")
 def classify(dso, mark, symbol):
     # (In an unoptimised build, as a dry run's, the loop is `DeviceClient::enqueue`, and the
     # `spin_loop` it calls, shared with the consumer's loop, counts as work.)
-    if "submit_inner" in symbol or "DeviceClient::enqueue" in symbol:
+    if ("submit_inner" in symbol or "DeviceClient::enqueue" in symbol
+            or re.search(r"GlobalFusionClient<.*>::register$", symbol)):
         return "enqueue spin"
     if "Server::start" in symbol:
         return "idle spin"
