@@ -189,7 +189,7 @@ fn parts_train_as_one_set_with_corpus_index_ids_and_resume_exactly() {
 /// the validation at step 100 and the final evaluation decode them without a character wrong.
 /// Slow (about 2 minutes): `cargo test -p asr-e2e -- --ignored`.
 #[test]
-#[ignore]
+#[ignore = "slow (about 2 minutes); run with --ignored. scripts/test.sh's quickstart checks that a memorising run's WER falls, not that it reaches 0"]
 fn tiny_model_overfits_five_utterances() {
     let _turn = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -41,7 +41,6 @@ use burn_cubecl::cubecl::cuda::{CudaRuntime, GpuResource};
 use burn_cubecl::cubecl::device::{Device, DeviceId};
 use burn_cubecl::cubecl::device_handle::DeviceHandle;
 use burn_cubecl::cubecl::server::{Binding, ComputeServer};
-use burn_cubecl::cubecl::stream_id::StreamId;
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use cudarc::cublas::result as blas;
@@ -204,17 +203,17 @@ struct Call {
     ty: blas_sys::cudaDataType,
     /// The compute type for it.
     compute: blas_sys::cublasComputeType_t,
-    /// The product's buffer, then the first and second operands'.
+    /// The product's buffer (its stream, the one it was made on, is the stream whose pool
+    /// cuBLAS joins), then the first and second operands'.
     buffers: [Binding; 3],
-    /// The stream the product's buffer was made on: its pool's stream is the one cuBLAS joins.
-    stream: StreamId,
 }
 
 impl Call {
     /// Enqueues the call on the device thread (see the module): the buffers' resources in order
     /// with the launches before it, then cuBLAS on the product's stream.
     fn enqueue(self, server: &mut Server) -> Result<(), CublasProductError> {
-        let Self { gemm, ty, compute, buffers: [c, a, b], stream } = self;
+        let Self { gemm, ty, compute, buffers: [c, a, b] } = self;
+        let stream = c.stream;
         let mut resource = |binding: Binding, which: &'static str| {
             server
                 .get_resource(binding, stream)
@@ -333,7 +332,6 @@ pub fn product(
         gemm,
         ty,
         compute,
-        stream: out.handle.stream,
         buffers: [out.handle.clone().binding(), a.handle.binding(), b.handle.binding()],
     };
     run(out.device.to_id(), call)?;

@@ -363,7 +363,6 @@ fn matmul_bench(
     }
 }
 
-/// Waits for the device's queued work (a failure it reports is an error).
 /// Waits for the device, failing with what it reported: a failed sync, or queued work that
 /// failed after its caller went on (a cuBLAS product: `device_failure::defer`).
 fn sync<B: burn::tensor::backend::Backend>(device: &B::Device) -> anyhow::Result<()> {
