@@ -16,16 +16,17 @@
 # A session's device time is short (15 minutes, machine start included). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only mm,dm,mb,bm,dc --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only mm,dm,mb,bm,dc,ds --budget SECONDS --work /tmp/asrt-kit
 # (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s; mb and bm
-# the same on bf16 operands and in bf16-mixed, about 90 and 120 s; dc, last, dm's cuBLAS run
-# with each product waited for, about 50 s, where the budget leaves time.)
+# the same on bf16 operands and in bf16-mixed, about 90 and 120 s; dc and ds, last, dm's cuBLAS
+# run with each product waited for and with the attention's stacks of products left to Burn,
+# about 50 s each, where the budget leaves time.)
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
 # call writes besides (runs, logs) is removed at its start. On a fresh machine DIR is empty and
-# every step makes what it needs, except dm, which needs mm's timings (run mm,dm then), and dc,
-# which needs dm's kernel.
+# every step makes what it needs, except dm, which needs mm's timings (run mm,dm then), and dc
+# and ds, which need dm's kernel.
 #
 # Steps, each under a timeout, with its own log and a one-line verdict:
 #   env  the machine's facts: nvidia-smi, driver, nvcc, NVRTC and NCCL found, python's torch
@@ -72,6 +73,9 @@
 #        first compiles it)
 #   dc   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_WAIT=1 (each product
 #        waits for its call on CubeCL's device thread): what not waiting gains; else skipped
+#   ds   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_STACKS=0 (the
+#        attention's stacks of products through Burn's kernel, not cuBLAS's strided-batched
+#        calls): what cuBLAS gains on them; else skipped
 #   mb   mm with mixed precision's operands, bf16 in and f32 out (`--operands bf16`), and
 #        PyTorch's product on the same bf16 operands
 #   bm   db with mb's fastest correct kernel other than Burn's for the linear layers' products,
@@ -612,20 +616,27 @@ step_dm() {
 }
 check_dm() { py train-big "$1" "$logs/dm.log" "$work" dm; }
 
-# dm's cuBLAS run with every product waiting for its call (one round trip to CubeCL's device
-# thread each, the A/B for queuing them): only where dm trained with cublas, whose kernels are
-# then compiled, so it runs once.
-step_dc() {
+# cublas_variant NAME VAR=VALUE: dm's cuBLAS run again with VAR=VALUE set, only where dm
+# trained with cublas, whose kernels are then compiled, so it runs once; exit 3 otherwise.
+cublas_variant() {
   big_setup || return $?
   local k; k="$(cat "$work/dm.kernel" 2>/dev/null)"
-  [ "$k" = cublas ] || { echo "dc compares cuBLAS's calls waited for with dm's; dm trained with ${k:-nothing}"; return 3; }
-  ASRT_CUBLAS_WAIT=1 measured dc "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
-    --out "$work/dc-run" --device "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")" \
+  [ "$k" = cublas ] || { echo "$1 is an A/B of dm's cuBLAS run; dm trained with ${k:-nothing}"; return 3; }
+  measured "$1" env "$2" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/$1-run" --device "$([ "$dry" = 1 ] && echo "$dev" || echo "$train_dev")" \
     --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" --matmul cublas
 }
-check_dc() {
-  if [ "$1" = 3 ]; then echo "SKIPPED: $(tail -n 1 "$logs/dc.log")"; else py train-big "$1" "$logs/dc.log" "$work" dc; fi
+# dm's cuBLAS run with every product waiting for its call (one round trip to CubeCL's device
+# thread each): the A/B for queuing them.
+step_dc() { cublas_variant dc ASRT_CUBLAS_WAIT=1; }
+# dm's cuBLAS run with the attention's stacks of products through Burn's kernel: the A/B for
+# taking them through cuBLAS's strided-batched calls.
+step_ds() { cublas_variant ds ASRT_CUBLAS_STACKS=0; }
+check_skippable() {
+  if [ "$1" = 3 ]; then echo "SKIPPED: $(tail -n 1 "$logs/$2.log")"; else py train-big "$1" "$logs/$2.log" "$work" "$2"; fi
 }
+check_dc() { check_skippable "$1" dc; }
+check_ds() { check_skippable "$1" ds; }
 
 # dw without fusion: each tensor operation its own kernel, as every run before fusion was. Run
 # twice, as db is: the unfused kernels are not in the cache d left.
@@ -744,7 +755,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_dc step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -770,8 +781,9 @@ run_step du 300 step_du
 run_step db 400 step_db
 run_step mb 330 step_mb
 run_step bm 400 step_bm
-# dc last: the A/B of a cuBLAS run that dm's figure may not need.
+# dc and ds last: A/Bs of a cuBLAS run that dm's figure may not need.
 run_step dc 200 step_dc
+run_step ds 200 step_ds
 run_step d2 300 step_d2
 run_step f 300 step_f
 

@@ -1,6 +1,8 @@
 //! A linear layer's product through cuBLAS (`--matmul cublas`), on CUDA: `a [m, k] · b [k, n]`
 //! written in f32, from f32 operands (TF32 tensor cores, as cubek's f32 kernels and PyTorch's
-//! default for `matmul` with TF32 allowed) or two bf16 or f16 ones (mixed precision's).
+//! default for `matmul` with TF32 allowed) or two bf16 or f16 ones (mixed precision's); and
+//! the attention's stacks of products `[O, H, m, k] · [O or 1, H, k, n]` ([`batched`]), as
+//! strided-batched calls ([`column_major::batched`]), summed over `O` where asked.
 //!
 //! Why: on an H200 cubek's fastest kernel reached 81 TFLOP/s over the 0.6B preset's products
 //! (bench/RESULTS.md, 2026-11-30), a sixth of the chip's dense TF32 rate: CubeCL 0.10 emits
@@ -47,7 +49,7 @@ use cudarc::cublas::result as blas;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::sys as driver;
 
-use super::column_major::{self, Gemm, Operand};
+use super::column_major::{self, Batched, Group, Operand, Stack};
 use super::device_op::{contiguous, empty};
 
 /// CubeCL's CUDA server, the state its device thread owns.
@@ -65,6 +67,14 @@ pub enum CublasProductError {
         /// The file names tried.
         tried: String,
     },
+    /// Stacks whose shapes do not chain, or an outer size neither equal nor 1.
+    #[error("stacks of {a:?} · {b:?}: expected [O, H, m, k] · [O or 1, H, k, n] (or O 1 and any)")]
+    Stacks {
+        /// The first operand's shape.
+        a: [usize; 4],
+        /// The second's.
+        b: [usize; 4],
+    },
     /// Operand types cuBLAS is not asked to multiply here.
     #[error("operands of {a:?} and {b:?}: cuBLAS takes two f32, two bf16 or two f16 operands")]
     Types {
@@ -73,8 +83,10 @@ pub enum CublasProductError {
         /// The second's.
         b: DType,
     },
-    /// A side past cuBLAS's 32-bit sizes, or an empty sum.
-    #[error("a [{m}, {k}] · [{k}, {n}] product: cuBLAS takes sides of 1 to 2^31 - 1 here")]
+    /// A side or a count past cuBLAS's 32-bit sizes, or an empty sum.
+    #[error(
+        "a [{m}, {k}] · [{k}, {n}] product: cuBLAS takes sides and stacks of 1 to 2^31 - 1 here"
+    )]
     Size {
         /// Rows of the product.
         m: usize,
@@ -184,21 +196,22 @@ fn types(
     }
 }
 
-/// An operand as cuBLAS reads it: a plain or transposed matrix as it is, anything else made
-/// contiguous.
+/// An operand as cuBLAS reads it: a plain or transposed matrix (or a stack of them, the last two
+/// axes) as it is, anything else made contiguous.
 fn readable(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
     let (shape, s) = (t.meta.shape(), t.meta.strides());
-    if shape.num_dims() == 2 && column_major::operand(shape[0], shape[1], [s[0], s[1]]).is_some() {
+    let d = shape.num_dims();
+    if d >= 2 && column_major::operand(shape[d - 2], shape[d - 1], [s[d - 2], s[d - 1]]).is_some() {
         t
     } else {
         contiguous(t)
     }
 }
 
-/// One product's cuBLAS call, made on the calling thread and run on CubeCL's device thread.
+/// One product's cuBLAS calls, made on the calling thread and run on CubeCL's device thread.
 struct Call {
-    /// The column-major arguments.
-    gemm: Gemm,
+    /// The column-major arguments and the calls (one for a linear layer's product).
+    plan: Batched,
     /// The operands' element type.
     ty: blas_sys::cudaDataType,
     /// The compute type for it.
@@ -212,7 +225,7 @@ impl Call {
     /// Enqueues the call on the device thread (see the module): the buffers' resources in order
     /// with the launches before it, then cuBLAS on the product's stream.
     fn enqueue(self, server: &mut Server) -> Result<(), CublasProductError> {
-        let Self { gemm, ty, compute, buffers: [c, a, b] } = self;
+        let Self { plan, ty, compute, buffers: [c, a, b] } = self;
         let stream = c.stream;
         let mut resource = |binding: Binding, which: &'static str| {
             server
@@ -225,6 +238,27 @@ impl Call {
         let b = resource(b, "second operand")?;
         let (c, a, b): (&GpuResource, &GpuResource, &GpuResource) =
             (c.resource(), a.resource(), b.resource());
+        let size = if ty == blas_sys::cudaDataType::CUDA_R_32F { 4 } else { 2 };
+        // A plan reaching past a buffer would be a wrong stride here, and memory another tensor
+        // holds there: refused, not run.
+        let [reach_b, reach_a, reach_c] = plan.reach();
+        for (which, reach, elem, resource) in [
+            ("first operand", reach_a, size, a),
+            ("second operand", reach_b, size, b),
+            ("product", reach_c, 4, c),
+        ] {
+            if (reach * elem) as u64 > resource.size {
+                return Err(CublasProductError::Resource {
+                    which,
+                    why: format!(
+                        "the calls reach {} bytes into {} bytes",
+                        reach * elem,
+                        resource.size
+                    ),
+                });
+            }
+        }
+        let Batched { gemm, groups, .. } = plan;
         let handle = handle_on(c.stream)?;
         let op = |o: Operand| {
             if o.transposed {
@@ -233,35 +267,69 @@ impl Call {
                 blas_sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: the three addresses are CubeCL's live buffers (their resources are held until
-        // this returns) of the sizes the strides describe ([`column_major::gemm`] checked the
-        // leading dimensions, [`product`] that they fit an i32); `handle` is bound to the
-        // product's stream; alpha and beta are host f32, as the compute types here take them.
-        unsafe {
-            blas::gemm_ex(
-                handle,
-                op(gemm.first),
-                op(gemm.second),
-                gemm.m as i32,
-                gemm.n as i32,
-                gemm.k as i32,
-                (&alpha as *const f32).cast::<c_void>(),
-                b.ptr as *const c_void,
-                ty,
-                gemm.first.ld as i32,
-                a.ptr as *const c_void,
-                ty,
-                gemm.second.ld as i32,
-                (&beta as *const f32).cast::<c_void>(),
-                c.ptr as *mut c_void,
+        let alpha = 1.0f32;
+        let (beta_write, beta_add) = (0.0f32, 1.0f32);
+        for Group { count, offsets: [off_b, off_a, off_c], strides, accumulate } in groups {
+            let beta: *const c_void =
+                if accumulate { &beta_add as *const f32 } else { &beta_write as *const f32 }.cast();
+            let first = (b.ptr + (off_b * size) as u64) as *const c_void;
+            let second = (a.ptr + (off_a * size) as u64) as *const c_void;
+            let product = (c.ptr + (off_c * 4) as u64) as *mut c_void;
+            let (t1, t2) = (op(gemm.first), op(gemm.second));
+            let (m, n, k) = (gemm.m as i32, gemm.n as i32, gemm.k as i32);
+            let (ld1, ld2, ldc) = (gemm.first.ld as i32, gemm.second.ld as i32, gemm.ldc as i32);
+            let (f32_out, algo) = (
                 blas_sys::cudaDataType::CUDA_R_32F,
-                gemm.ldc as i32,
-                compute,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+            );
+            let alpha = (&alpha as *const f32).cast::<c_void>();
+            // SAFETY: the three addresses are CubeCL's live buffers (their resources are held
+            // until this returns), offset within them by the plan, whose matrices lie inside the
+            // sizes the strides describe ([`column_major::batched`] checked the leading
+            // dimensions, [`run_plan`] that every size fits an i32); `handle` is bound to the
+            // product's stream; alpha and beta are host f32, as the compute types here take
+            // them. Calls adding to the product follow the one writing it on that stream.
+            let done = unsafe {
+                if count == 1 {
+                    blas::gemm_ex(
+                        handle, t1, t2, m, n, k, alpha, first, ty, ld1, second, ty, ld2, beta,
+                        product, f32_out, ldc, compute, algo,
+                    )
+                } else {
+                    let [s1, s2, sc] = strides.map(|s| s as i64);
+                    blas::gemm_strided_batched_ex(
+                        handle,
+                        t1,
+                        t2,
+                        m,
+                        n,
+                        k,
+                        alpha,
+                        first,
+                        ty,
+                        ld1,
+                        s1,
+                        second,
+                        ty,
+                        ld2,
+                        s2,
+                        beta,
+                        product,
+                        f32_out,
+                        ldc,
+                        sc,
+                        count as i32,
+                        compute,
+                        algo,
+                    )
+                }
+            };
+            done.map_err(|e| CublasProductError::Blas {
+                call: if count == 1 { "cublasGemmEx" } else { "cublasGemmStridedBatchedEx" },
+                status: e.to_string(),
+            })?;
         }
-        .map_err(|e| CublasProductError::Blas { call: "cublasGemmEx", status: e.to_string() })
+        Ok(())
     }
 }
 
@@ -312,24 +380,74 @@ pub fn product(
     a: CubeTensor<CudaRuntime>,
     b: CubeTensor<CudaRuntime>,
 ) -> Result<CubeTensor<CudaRuntime>, CublasProductError> {
-    loaded()?;
-    let (ty, compute) = types(a.dtype, b.dtype)?;
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
-    let side = |x: usize| x >= 1 && x <= i32::MAX as usize;
-    if !(side(m) && side(k) && side(n)) {
-        return Err(CublasProductError::Size { m, k, n });
+    let (a, b) = (readable(a), readable(b));
+    let matrix = |t: &CubeTensor<CudaRuntime>, rows, cols| Stack {
+        shape: [1, 1, rows, cols],
+        strides: [0, 0, t.meta.strides()[0], t.meta.strides()[1]],
+    };
+    let plan = column_major::batched(&matrix(&a, m, k), &matrix(&b, k, n), false)
+        .ok_or(CublasProductError::Size { m, k, n })?;
+    run_plan(a, b, plan, vec![m, n])
+}
+
+/// The stack of products `a [O, H, m, k] · b [O or 1, H, k, n]` (either's `O` may be 1, read by
+/// every outer index) through cuBLAS in f32, `[O, H, m, n]`; summed over the outer axis,
+/// `[1, H, m, n]`, where `sum_outer` (the gradient of an operand read by every outer index).
+pub fn batched(
+    a: CubeTensor<CudaRuntime>,
+    b: CubeTensor<CudaRuntime>,
+    sum_outer: bool,
+) -> Result<CubeTensor<CudaRuntime>, CublasProductError> {
+    // Shapes and strides of four axes; a shape of other rank is refused with its first four.
+    let four = |t: &CubeTensor<CudaRuntime>| {
+        let (shape, strides) = (t.meta.shape(), t.meta.strides());
+        let mut d = [[0; 4]; 2];
+        for i in 0..shape.num_dims().min(4) {
+            d[0][i] = shape[i];
+            d[1][i] = strides[i];
+        }
+        (d[0], d[1], shape.num_dims() == 4)
+    };
+    let ((da, _, a4), (db, _, b4)) = (four(&a), four(&b));
+    if !(a4 && b4) {
+        return Err(CublasProductError::Stacks { a: da, b: db });
     }
     let (a, b) = (readable(a), readable(b));
-    let strides = |t: &CubeTensor<CudaRuntime>| [t.meta.strides()[0], t.meta.strides()[1]];
-    let gemm = column_major::gemm([m, k], strides(&a), [k, n], strides(&b))
-        .ok_or(CublasProductError::Size { m, k, n })?;
-    let lds = [gemm.first.ld, gemm.second.ld, gemm.ldc];
-    if lds.iter().any(|&ld| ld > i32::MAX as usize) {
+    let stack = |t: &CubeTensor<CudaRuntime>| {
+        let (shape, strides, _) = four(t);
+        Stack { shape, strides }
+    };
+    let (sa, sb) = (stack(&a), stack(&b));
+    let refused = CublasProductError::Stacks { a: da, b: db };
+    let plan = column_major::batched(&sa, &sb, sum_outer).ok_or(refused)?;
+    let shape = plan.shape.to_vec();
+    run_plan(a, b, plan, shape)
+}
+
+/// Runs `plan` on `a` and `b` (as [`readable`] left them) into a new f32 buffer of `shape`
+/// (the plan's, or a linear layer's `[m, n]`).
+fn run_plan(
+    a: CubeTensor<CudaRuntime>,
+    b: CubeTensor<CudaRuntime>,
+    plan: Batched,
+    shape: Vec<usize>,
+) -> Result<CubeTensor<CudaRuntime>, CublasProductError> {
+    loaded()?;
+    let (ty, compute) = types(a.dtype, b.dtype)?;
+    let g = &plan.gemm;
+    let (m, k, n) = (g.n, g.k, g.m);
+    if plan.shape.contains(&0) {
+        return Ok(empty::<CudaRuntime>(&a.client, &a.device, shape));
+    }
+    let fits = |x: usize| x >= 1 && x <= i32::MAX as usize;
+    let sizes = [m, k, n, g.first.ld, g.second.ld, g.ldc];
+    if !sizes.into_iter().chain(plan.groups.iter().map(|g| g.count)).all(fits) {
         return Err(CublasProductError::Size { m, k, n });
     }
-    let out = empty::<CudaRuntime>(&a.client, &a.device, vec![m, n]);
+    let out = empty::<CudaRuntime>(&a.client, &a.device, shape);
     let call = Call {
-        gemm,
+        plan,
         ty,
         compute,
         buffers: [out.handle.clone().binding(), a.handle.binding(), b.handle.binding()],

@@ -249,7 +249,9 @@ impl Precision {
     }
 
     /// `a.matmul(b)` computed in the compute type, returned in f32 (on the CubeCL backends as
-    /// `device_mixed`'s one operation, the product not rounded to the compute type).
+    /// `device_mixed`'s one operation, the product not rounded to the compute type). In f32,
+    /// stacks of four axes go through cuBLAS under `--matmul cublas`
+    /// (`device_matmul::stacked`).
     pub fn matmul<B: Backend, const D: usize>(
         self,
         a: Tensor<B, D>,
@@ -260,6 +262,18 @@ impl Precision {
             self.compute().and_then(|dtype| super::device_mixed::product(&a, &b, dtype))
         {
             return y;
+        }
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.compute().is_none() && D == 4 {
+            use super::host_depthwise::cast;
+            let four = |t: &Tensor<B, D>| cast::<_, Tensor<B, 4>>(t.clone());
+            if let Some(y) = four(&a)
+                .zip(four(&b))
+                .and_then(|(a, b)| super::device_matmul::stacked(&a, &b))
+                .and_then(cast::<_, Tensor<B, D>>)
+            {
+                return y;
+            }
         }
         self.up(self.down(a).matmul(self.down(b)))
     }
