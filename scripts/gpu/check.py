@@ -438,12 +438,20 @@ def matmul_fallbacks(log, figures):
         return ""
     found = re.findall(r"warning: --matmul (\S+): cannot run the (.+?) product of a \[(\d+), (\d+)\] "
                        r"weight on this device \((.*?)\); Burn's product is used there", text)
-    if not found:
-        return ""
-    figures["matmul_fallbacks"] = [{"kernel": k, "product": p, "weight": [int(i), int(o)], "why": w[:200]}
-                                   for k, p, i, o, w in found]
-    sites = ", ".join(f"{p} of [{i}, {o}]" for _, p, i, o, _ in found)
-    return f"; --matmul {found[0][0]} fell back to Burn's product in {len(found)} products: {sites}"
+    # The attention's stacks of products under `--matmul cublas` (device_matmul's stacked).
+    stacks = re.findall(r"warning: --matmul cublas: cannot run the attention's (.+?) products through "
+                        r"cuBLAS on this device \((.*?)\); Burn's product is used there", text)
+    clause = ""
+    if found:
+        figures["matmul_fallbacks"] = [{"kernel": k, "product": p, "weight": [int(i), int(o)], "why": w[:200]}
+                                       for k, p, i, o, w in found]
+        sites = ", ".join(f"{p} of [{i}, {o}]" for _, p, i, o, _ in found)
+        clause = f"; --matmul {found[0][0]} fell back to Burn's product in {len(found)} products: {sites}"
+    if stacks:
+        figures["stack_fallbacks"] = [{"products": p, "why": w[:200]} for p, w in stacks]
+        clause += (f"; the attention's stacks fell back to Burn's product in {len(stacks)} forms: "
+                   + ", ".join(p for p, _ in stacks) + f" ({stacks[0][1][:80]})")
+    return clause
 
 
 def host_threads(work, name, figures):

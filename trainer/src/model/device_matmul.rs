@@ -482,6 +482,15 @@ where
     }
 }
 
+/// Both inputs' gradients from an operation that computes each only where asked.
+fn both<B: Backend, O: DeviceBackward<B, 2>>(
+    op: &O,
+    saved: O::Saved,
+    dy: FloatTensor<B>,
+) -> [FloatTensor<B>; 2] {
+    op.backward_tracked(saved, dy, [true, true]).map(|g| g.expect("both asked for"))
+}
+
 /// The product with one kernel, as a [`DeviceOp`] of the input and the weight.
 #[derive(Debug, Clone, Copy)]
 struct Product(Kernel);
@@ -490,9 +499,7 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Product {
     type Saved = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        let [dx, dw] =
-            <Self as DeviceBackward<B, 2>>::backward_tracked(self, saved, dy, [true, true]);
-        [dx, dw].map(|g| g.expect("both asked for"))
+        both::<B, Self>(self, saved, dy)
     }
 
     fn backward_tracked(
@@ -526,9 +533,7 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Stacked {
     type Saved = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        let [da, db] =
-            <Self as DeviceBackward<B, 2>>::backward_tracked(self, saved, dy, [true, true]);
-        [da, db].map(|g| g.expect("both asked for"))
+        both::<B, Self>(self, saved, dy)
     }
 
     fn backward_tracked(
