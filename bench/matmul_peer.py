@@ -28,7 +28,22 @@ import statistics
 import sys
 import time
 
-# (name, m, k, n, a stored transposed, b stored transposed): asrt-bench matmul's `cases`.
+
+def attention(b, h, t, dk):
+    """The attention's stacks at batch b, h heads of dk, t frames (asrt-bench's `attention`):
+    (name, m, k, n, a_t, b_t, outer, heads, b's outer, summed over the outer axis)."""
+    p = 2 * t - 1
+    return [
+        ("scores forward (q kT)", t, dk, t, False, True, b, h, b, False),
+        ("position scores forward (q rT)", t, dk, p, False, True, b, h, 1, False),
+        ("context forward (w v)", t, t, dk, False, False, b, h, b, False),
+        ("query grad from positions (dbd r)", t, p, dk, False, False, b, h, 1, False),
+        ("position grad, summed (qT dbd)", dk, t, p, True, False, b, h, b, True),
+    ]
+
+
+# (name, m, k, n, a stored transposed, b stored transposed[, outer, heads, b's outer, summed]):
+# asrt-bench matmul's `cases`.
 CASES = {
     "parakeet": [
         ("ff-up forward", 1440, 1024, 4096, False, False),
@@ -42,6 +57,8 @@ CASES = {
         ("input grad (dy wT)", 96, 80, 64, False, True),
         ("weight grad (xT dy)", 64, 96, 80, True, False),
     ],
+    "attention": attention(6, 8, 240, 128),
+    "attention-small": attention(3, 2, 12, 8),
 }
 
 # asrt-bench's: errors above this are a wrong product, not rounding.
@@ -60,7 +77,7 @@ def check_cases(cases, path):
         # A kernel the device cannot run has no shape in its row; the others give it.
         if key[1] is not None and key not in theirs:
             theirs.append(key)
-    ours = [(name, m, k, n) for name, m, k, n, _, _ in cases]
+    ours = [(c[0], c[1], c[2], c[3]) for c in cases]
     if theirs != ours:
         return f"{path} has the cases {theirs}, this script {ours}: bench/matmul_peer.py's CASES is stale"
     return None
@@ -95,16 +112,23 @@ def main():
     half = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.operands]
     gen = torch.Generator().manual_seed(11)
 
-    def operand(rows, cols, transposed):
-        """`[rows, cols]` of values in [-1, 1), stored as its transpose when `transposed`, in the
-        operands' type; and its logical values in float64 as that type holds them."""
-        stored = torch.rand((cols, rows) if transposed else (rows, cols), generator=gen) * 2 - 1
+    def operand(rows, cols, transposed, lead=()):
+        """`[*lead, rows, cols]` of values in [-1, 1), each matrix stored as its transpose when
+        `transposed`, in the operands' type; and its logical values in float64 as that type
+        holds them."""
+        shape = (*lead, cols, rows) if transposed else (*lead, rows, cols)
+        stored = torch.rand(shape, generator=gen) * 2 - 1
         if half is not None:
             stored = stored.to(half)
-        logical = stored.t() if transposed else stored
+        logical = stored.transpose(-1, -2) if transposed else stored
         return logical.to(device), logical.to(torch.float64)
 
-    def product(a, b):
+    def product(a, b, summed=False):
+        if a.dim() > 2:
+            # Stacks: torch broadcasts an outer size of 1; the half type's product cast up.
+            y = torch.matmul(a, b)
+            y = y if half is None else y.float()
+            return y.sum(0, keepdim=True) if summed else y
         if half is None:
             return torch.matmul(a, b)
         try:
@@ -118,33 +142,49 @@ def main():
 
     out_dtype = None
     rows = []
-    for name, m, k, n, a_t, b_t in cases:
-        a, a64 = operand(m, k, a_t)
-        b, b64 = operand(k, n, b_t)
-        y = product(a, b)
+    for case in cases:
+        name, m, k, n, a_t, b_t = case[:6]
+        outer, heads, b_outer, summed = case[6:] if len(case) > 6 else (None, 1, None, False)
+        lead_a, lead_b = ((outer, heads), (b_outer, heads)) if outer else ((), ())
+        a, a64 = operand(m, k, a_t, lead_a)
+        b, b64 = operand(k, n, b_t, lead_b)
+        y = product(a, b, summed)
         out_dtype = str(y.dtype).replace("torch.", "")
         sync()
-        got = y.to("cpu", torch.float64)
+        got = y.to("cpu", torch.float64).reshape(-1, m, n)
+        # 512 sampled outputs (matrix g of the product, row i, column j) in float64.
+        count = got.shape[0]
+        g = torch.randint(0, count, (512,), generator=gen)
         idx = torch.randint(0, m * n, (512,), generator=gen)
         i, j = idx // n, idx % n
-        terms = a64[i, :] * b64[:, j].t()
+        if outer:
+            a64, b64 = a64.expand(max(outer, b_outer), -1, -1, -1), b64.expand(max(outer, b_outer), -1, -1, -1)
+            # Each output's terms: over k, and over the outer axis where summed.
+            h = g % heads
+            bt64 = b64.transpose(-1, -2)
+            rows_a = a64[:, h, i, :] if summed else a64[g // heads, h, i, :].unsqueeze(0)
+            cols_b = bt64[:, h, j, :] if summed else bt64[g // heads, h, j, :].unsqueeze(0)
+            terms = (rows_a * cols_b).transpose(0, 1).reshape(512, -1)
+        else:
+            terms = a64[i, :] * b64[:, j].t()
         want, scale = terms.sum(dim=1), terms.abs().sum(dim=1).clamp_min(1e-30)
-        error = float(((got[i, j] - want).abs() / scale).max())
+        error = float(((got[g, i, j] - want).abs() / scale).max())
+        products = (max(outer, b_outer) * heads) if outer else 1
         # Launches in a row, then one wait, as asrt-bench times cubek's kernels.
-        inner = 20 if m * k * n > 1 << 24 else 5
+        inner = 20 if products * m * k * n > 1 << 24 else 5
         for _ in range(3):
-            product(a, b)
+            product(a, b, summed)
         times = []
         for _ in range(max(1, args.repeats)):
             sync()
             t = time.perf_counter()
             for _ in range(inner):
-                product(a, b)
+                product(a, b, summed)
             sync()
             times.append((time.perf_counter() - t) / inner)
         seconds = statistics.median(times)
         rows.append({"case": name, "m": m, "k": k, "n": n, "seconds": seconds,
-                     "tflops": 2.0 * m * k * n / seconds / 1e12, "max_error": error,
+                     "tflops": 2.0 * products * m * k * n / seconds / 1e12, "max_error": error,
                      "correct": error <= WRONG})
 
     all_ok = all(r["correct"] for r in rows)

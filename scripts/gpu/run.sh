@@ -16,11 +16,12 @@
 # A session's device time is short (15 minutes, machine start included). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only mm,dm,mb,bm,dc,ds --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only mm,dm,mb,bm,ma,dc,ds --budget SECONDS --work /tmp/asrt-kit
 # (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s; mb and bm
-# the same on bf16 operands and in bf16-mixed, about 90 and 120 s; dc and ds, last, dm's cuBLAS
-# run with each product waited for and with the attention's stacks of products left to Burn,
-# about 50 s each, where the budget leaves time.)
+# the same on bf16 operands and in bf16-mixed, about 90 and 120 s; ma the attention's stacks of
+# products, Burn's and cuBLAS's, about 30 s; dc and ds, last, dm's cuBLAS run with each product
+# waited for and with the attention's stacks of products left to Burn, about 50 s each, where
+# the budget leaves time.)
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
@@ -69,6 +70,9 @@
 #        at the 0.6B preset's linear products, forward and both gradients' forms: time,
 #        TFLOP/s, error against float64, the fastest correct one (asrt-bench matmul); then
 #        PyTorch's product (cuBLAS, TF32) at the same cases where torch is (bench/matmul_peer.py)
+#   ma   the attention's stacks of products (`[B, H, m, k] · [B or 1, H, k, n]`, forward and
+#        gradients' forms) with Burn's product and cuBLAS's strided-batched calls, as
+#        `--matmul cublas` takes them, and PyTorch's (asrt-bench matmul --sizes attention)
 #   dm   dw with mm's fastest correct kernel other than Burn's (`--matmul`), run twice (the
 #        first compiles it)
 #   dc   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_WAIT=1 (each product
@@ -532,14 +536,14 @@ matmul_kernels() {
   { [ "${ASRT_MM_KERNELS:-}" = all ] || [ "$dry" = 1 ]; } && list=()
   "$bin/asrt-bench" matmul --device "$dev" --sizes "$sizes" --repeats 5 --operands "$1" "${list[@]}"
 }
-# matmul_peer OPERANDS NAME: PyTorch's product (cuBLAS on CUDA) at the cases of NAME.json
+# matmul_peer OPERANDS NAME [SIZES]: PyTorch's product (cuBLAS on CUDA) at the cases of NAME.json
 # (bench/matmul_peer.py, into NAME-peer.json) where torch is: what the device's own library
 # reaches on the same products. The step's verdict stays its kernels'; a peer that cannot run
 # says why in the step's log, and check.py says it was not timed.
 matmul_peer() {
   local pdev=cuda
   [ "$dry" = 1 ] && pdev=cpu
-  "$peer_python" bench/matmul_peer.py --sizes "$sizes" --operands "$1" --device "$pdev" \
+  "$peer_python" bench/matmul_peer.py --sizes "${3:-$sizes}" --operands "$1" --device "$pdev" \
     --check "$work/$2.json" --json-out "$work/$2-peer.json"
   echo "matmul peer: exit $?"
 }
@@ -559,6 +563,17 @@ step_mm() {
   matmul_peer f32 mm
 }
 check_mm() { py matmul "$1" "$logs/mm.log" "$work" mm; }
+
+# The attention's stacks of products (asrt-bench matmul --sizes attention): Burn's product and
+# cuBLAS's strided-batched calls, as `--matmul cublas` takes them, and PyTorch's (ma.json).
+step_ma() {
+  local asizes=attention
+  [ "$dry" = 1 ] && asizes=attention-small
+  "$bin/asrt-bench" matmul --device "$dev" --sizes "$asizes" --repeats 5 --operands f32 \
+    --kernels burn,cublas > "$work/ma.json" || return $?
+  matmul_peer f32 ma "$asizes"
+}
+check_ma() { py matmul "$1" "$logs/ma.log" "$work" ma; }
 
 # mm with mixed precision's operands: bf16 in, f32 out (f16 on a dry run: lavapipe has no
 # bfloat16).
@@ -755,7 +770,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -781,6 +796,7 @@ run_step du 300 step_du
 run_step db 400 step_db
 run_step mb 330 step_mb
 run_step bm 400 step_bm
+run_step ma 120 step_ma
 # dc and ds last: A/Bs of a cuBLAS run that dm's figure may not need.
 run_step dc 200 step_dc
 run_step ds 200 step_ds

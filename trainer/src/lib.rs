@@ -70,6 +70,8 @@ pub use model::config::{ModelConfigError, PreprocessorConfig, SpecAugmentConfig}
 pub use model::decoder::Joint;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use model::device_matmul::try_bare as try_matmul;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use model::device_matmul::try_stacked_bare as try_stacked_matmul;
 pub use model::greedy::{BurnGreedy, DeviceState};
 pub use model::matmul_kernel::Kernel as MatmulKernel;
 pub use model::mel::{unpack_pcm, MelFrontend};

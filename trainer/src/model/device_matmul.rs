@@ -402,6 +402,27 @@ pub(crate) fn chosen_product<B: DeviceMatmul>(
     product_with::<B>(a, b, chosen())
 }
 
+/// `a [O, H, m, k] · b [O or 1, H, k, n]` in f32 through cuBLAS where `--matmul cublas` is
+/// chosen (and `ASRT_CUBLAS_STACKS` is not `0`), for mixed precision's stacks (`device_mixed`,
+/// operands in the half type; a shared operand's gradient is summed by the caller); `None`
+/// elsewhere, and where cuBLAS cannot run (said once), and the caller runs its own product.
+pub(crate) fn chosen_stacked<B: DeviceMatmul>(
+    a: &FloatTensor<B>,
+    b: &FloatTensor<B>,
+) -> Option<FloatTensor<B>> {
+    let kernel = chosen();
+    if kernel != Kernel::Cublas
+        || !stacks_on()
+        || a.shape().num_dims() != 4
+        || b.shape().num_dims() != 4
+    {
+        return None;
+    }
+    B::try_stacked(a.clone(), b.clone(), kernel, false)
+        .map_err(|why| report_stack_fallback("mixed-precision", &why))
+        .ok()
+}
+
 /// [`chosen_product`] with `kernel`.
 fn product_with<B: DeviceMatmul>(
     a: &FloatTensor<B>,
@@ -665,6 +686,33 @@ pub fn try_bare<B: Backend>(
             Err(why) => return Some(Err(why)),
         };
         Some(Ok(cast(Tensor::<T, 2>::from_primitive(TensorPrimitive::Float(y)))?))
+    });
+    None
+}
+
+/// `a [O, H, m, k] · b [O or 1, H, k, n]` on a bare CubeCL type with `kernel`, summed over the
+/// outer axis where `sum_outer`, or why it could not run (for `asrt-bench matmul --sizes
+/// attention`): Burn's product (and sum) for [`Kernel::Burn`], cuBLAS's calls for
+/// [`Kernel::Cublas`]; other kernels take no stacks.
+pub fn try_stacked_bare<B: Backend>(
+    a: &Tensor<B, 4>,
+    b: &Tensor<B, 4>,
+    kernel: Kernel,
+    sum_outer: bool,
+) -> Option<Result<Tensor<B, 4>, String>> {
+    on_cube_types!(B, T, { None }, {
+        let (a, b) = (cast::<_, Tensor<T, 4>>(a.clone())?, cast::<_, Tensor<T, 4>>(b.clone())?);
+        let y = if kernel == Kernel::Burn {
+            let y = a.matmul(b);
+            Ok(if sum_outer { y.sum_dim(0) } else { y })
+        } else {
+            T::try_stacked(float(a), float(b), kernel, sum_outer)
+                .map(|y| Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)))
+        };
+        Some(match y {
+            Ok(y) => Ok(cast(y)?),
+            Err(why) => Err(why),
+        })
     });
     None
 }

@@ -220,7 +220,8 @@ enum Bench {
         /// Kernels, comma-separated (default: all).
         #[arg(long, value_enum, value_delimiter = ',')]
         kernels: Option<Vec<asr_trainer::MatmulKernel>>,
-        /// `parakeet` or `small` (for dry runs).
+        /// `parakeet` or `small` (for dry runs); `attention` or `attention-small`: the attention's
+        /// stacks of products (`burn` and `cublas` only).
         #[arg(long, default_value = "parakeet")]
         sizes: String,
         #[arg(long, default_value_t = 5)]
