@@ -83,7 +83,7 @@ pub enum CublasProductError {
         /// The second's.
         b: DType,
     },
-    /// A side or a count past cuBLAS's 32-bit sizes, or an empty sum.
+    /// A side or a count past cuBLAS's 32-bit sizes, or an empty product or sum.
     #[error(
         "a [{m}, {k}] · [{k}, {n}] product: cuBLAS takes sides and stacks of 1 to 2^31 - 1 here"
     )]
@@ -437,12 +437,11 @@ fn run_plan(
     let (ty, compute) = types(a.dtype, b.dtype)?;
     let g = &plan.gemm;
     let (m, k, n) = (g.n, g.k, g.m);
-    if plan.shape.contains(&0) {
-        return Ok(empty::<CudaRuntime>(&a.client, &a.device, shape));
-    }
+    // An empty product or sum too (Burn's product takes those).
     let fits = |x: usize| x >= 1 && x <= i32::MAX as usize;
     let sizes = [m, k, n, g.first.ld, g.second.ld, g.ldc];
-    if !sizes.into_iter().chain(plan.groups.iter().map(|g| g.count)).all(fits) {
+    let counts = plan.groups.iter().map(|g| g.count);
+    if plan.groups.is_empty() || !sizes.into_iter().chain(counts).all(fits) {
         return Err(CublasProductError::Size { m, k, n });
     }
     let out = empty::<CudaRuntime>(&a.client, &a.device, shape);
