@@ -68,12 +68,12 @@ pub enum CublasProductError {
         tried: String,
     },
     /// Stacks whose shapes do not chain, or an outer size neither equal nor 1.
-    #[error("stacks of {a:?} · {b:?}: expected [O, H, m, k] · [O or 1, H, k, n] (or O 1 and any)")]
+    #[error("stacks of {a:?} · {b:?}: expected [O, H, m, k] · [O, H, k, n], either O may be 1")]
     Stacks {
         /// The first operand's shape.
-        a: [usize; 4],
+        a: Vec<usize>,
         /// The second's.
-        b: [usize; 4],
+        b: Vec<usize>,
     },
     /// Operand types cuBLAS is not asked to multiply here.
     #[error("operands of {a:?} and {b:?}: cuBLAS takes two f32, two bf16 or two f16 operands")]
@@ -399,28 +399,23 @@ pub fn batched(
     b: CubeTensor<CudaRuntime>,
     sum_outer: bool,
 ) -> Result<CubeTensor<CudaRuntime>, CublasProductError> {
-    // Shapes and strides of four axes; a shape of other rank is refused with its first four.
-    let four = |t: &CubeTensor<CudaRuntime>| {
-        let (shape, strides) = (t.meta.shape(), t.meta.strides());
-        let mut d = [[0; 4]; 2];
-        for i in 0..shape.num_dims().min(4) {
-            d[0][i] = shape[i];
-            d[1][i] = strides[i];
-        }
-        (d[0], d[1], shape.num_dims() == 4)
+    let dims = |t: &CubeTensor<CudaRuntime>| {
+        let shape = t.meta.shape();
+        (0..shape.num_dims()).map(|i| shape[i]).collect::<Vec<_>>()
     };
-    let ((da, _, a4), (db, _, b4)) = (four(&a), four(&b));
-    if !(a4 && b4) {
-        return Err(CublasProductError::Stacks { a: da, b: db });
+    let refused = CublasProductError::Stacks { a: dims(&a), b: dims(&b) };
+    if a.meta.shape().num_dims() != 4 || b.meta.shape().num_dims() != 4 {
+        return Err(refused);
     }
     let (a, b) = (readable(a), readable(b));
     let stack = |t: &CubeTensor<CudaRuntime>| {
-        let (shape, strides, _) = four(t);
-        Stack { shape, strides }
+        let (shape, strides) = (t.meta.shape(), t.meta.strides());
+        Stack {
+            shape: [shape[0], shape[1], shape[2], shape[3]],
+            strides: [strides[0], strides[1], strides[2], strides[3]],
+        }
     };
-    let (sa, sb) = (stack(&a), stack(&b));
-    let refused = CublasProductError::Stacks { a: da, b: db };
-    let plan = column_major::batched(&sa, &sb, sum_outer).ok_or(refused)?;
+    let plan = column_major::batched(&stack(&a), &stack(&b), sum_outer).ok_or(refused)?;
     let shape = plan.shape.to_vec();
     run_plan(a, b, plan, shape)
 }

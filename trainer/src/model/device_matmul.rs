@@ -146,6 +146,20 @@ fn report_fallback(kernel: Kernel, site: Site, why: &str) {
     }
 }
 
+/// A stack's product with Burn's own kernel, summed over the outer axis where `sum_outer`.
+fn burn_stacked<B: Backend>(
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+    sum_outer: bool,
+) -> FloatTensor<B> {
+    let y = B::float_matmul(a, b);
+    if sum_outer {
+        B::float_sum_dim(y, 0)
+    } else {
+        y
+    }
+}
+
 /// Stack forms that failed to go through cuBLAS, each reported once.
 static STACKS_REPORTED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
@@ -194,12 +208,7 @@ pub trait DeviceMatmul: Backend {
             Ok(y) => y,
             Err(why) => {
                 report_stack_fallback(form, &why);
-                let y = Self::float_matmul(a, b);
-                if sum_outer {
-                    Self::float_sum_dim(y, 0)
-                } else {
-                    y
-                }
+                burn_stacked::<Self>(a, b, sum_outer)
             }
         }
     }
@@ -241,7 +250,7 @@ where
         kernel: Kernel,
     ) -> Result<FloatTensor<Self>, String> {
         if kernel == Kernel::Cublas {
-            return cublas::<R>(a, b);
+            return cublas::<R>(a, b, None);
         }
         let Some(strategy) = strategy(kernel) else {
             // Half-type operands: mixed precision's own product, writing f32.
@@ -291,33 +300,18 @@ where
         if kernel != Kernel::Cublas {
             return Err(format!("{} takes no stacks of products; cuBLAS does", kernel.name()));
         }
-        cublas_stacked::<R>(a, b, sum_outer)
+        cublas::<R>(a, b, Some(sum_outer))
     }
-}
-
-/// The stack's products through cuBLAS where `R` is CUDA's runtime
-/// (`model::cublas_product::batched`), else why not.
-fn cublas_stacked<R: CubeRuntime>(
-    a: CubeTensor<R>,
-    b: CubeTensor<R>,
-    sum_outer: bool,
-) -> Result<CubeTensor<R>, String> {
-    #[cfg(feature = "cuda")]
-    if let (Some(a), Some(b)) = (
-        cast::<_, CubeTensor<burn_cubecl::cubecl::cuda::CudaRuntime>>(a),
-        cast::<_, CubeTensor<burn_cubecl::cubecl::cuda::CudaRuntime>>(b),
-    ) {
-        let y = super::cublas_product::batched(a, b, sum_outer).map_err(|e| e.to_string())?;
-        return cast::<_, CubeTensor<R>>(y).ok_or_else(|| "CUDA's tensor type".to_string());
-    }
-    #[cfg(not(feature = "cuda"))]
-    drop((a, b, sum_outer));
-    Err("cuBLAS runs on CUDA only".to_string())
 }
 
 /// The product through cuBLAS where `R` is CUDA's runtime (`model::cublas_product`), else why
-/// not.
-fn cublas<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> Result<CubeTensor<R>, String> {
+/// not: a matrix product where `stack` is `None`, else a stack's, summed over its outer axis
+/// where `stack` is `Some(true)`.
+fn cublas<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    stack: Option<bool>,
+) -> Result<CubeTensor<R>, String> {
     // The casts take the tensors (no clone on this per-product path): where `R` is not CUDA's
     // runtime both casts fail and the tensors are dropped with them.
     #[cfg(feature = "cuda")]
@@ -325,11 +319,15 @@ fn cublas<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> Result<CubeTens
         cast::<_, CubeTensor<burn_cubecl::cubecl::cuda::CudaRuntime>>(a),
         cast::<_, CubeTensor<burn_cubecl::cubecl::cuda::CudaRuntime>>(b),
     ) {
-        let y = super::cublas_product::product(a, b).map_err(|e| e.to_string())?;
+        let y = match stack {
+            None => super::cublas_product::product(a, b),
+            Some(sum_outer) => super::cublas_product::batched(a, b, sum_outer),
+        };
+        let y = y.map_err(|e| e.to_string())?;
         return cast::<_, CubeTensor<R>>(y).ok_or_else(|| "CUDA's tensor type".to_string());
     }
     #[cfg(not(feature = "cuda"))]
-    drop((a, b));
+    drop((a, b, stack));
     Err("cuBLAS runs on CUDA only".to_string())
 }
 
@@ -410,15 +408,10 @@ pub(crate) fn chosen_stacked<B: DeviceMatmul>(
     a: &FloatTensor<B>,
     b: &FloatTensor<B>,
 ) -> Option<FloatTensor<B>> {
-    let kernel = chosen();
-    if kernel != Kernel::Cublas
-        || !stacks_on()
-        || a.shape().num_dims() != 4
-        || b.shape().num_dims() != 4
-    {
+    if !stacks_to_cublas() || a.shape().num_dims() != 4 || b.shape().num_dims() != 4 {
         return None;
     }
-    B::try_stacked(a.clone(), b.clone(), kernel, false)
+    B::try_stacked(a.clone(), b.clone(), Kernel::Cublas, false)
         .map_err(|why| report_stack_fallback("mixed-precision", &why))
         .ok()
 }
@@ -584,11 +577,12 @@ impl<B: DeviceMatmul> DeviceOp<B, 2> for Stacked {
     }
 }
 
-/// Whether the attention's stacks of products take cuBLAS under `--matmul cublas`
-/// (`ASRT_CUBLAS_STACKS=0`: not), read once.
-fn stacks_on() -> bool {
+/// Whether the attention's stacks of products take cuBLAS: `--matmul cublas` chosen and
+/// `ASRT_CUBLAS_STACKS` not `0` (read once).
+fn stacks_to_cublas() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ASRT_CUBLAS_STACKS").map_or(true, |v| v != "0"))
+    chosen() == Kernel::Cublas
+        && *ON.get_or_init(|| std::env::var("ASRT_CUBLAS_STACKS").map_or(true, |v| v != "0"))
 }
 
 /// `a [O, H, m, k] · b [O or 1, H, k, n]` (the attention's stacks of products, either's `O`
@@ -596,15 +590,10 @@ fn stacks_on() -> bool {
 /// trainer's CubeCL types (bare or under autodiff) and the tensors f32; `None` elsewhere, and
 /// the caller runs Burn's `matmul`.
 pub fn stacked<B: Backend>(a: &Tensor<B, 4>, b: &Tensor<B, 4>) -> Option<Tensor<B, 4>> {
-    let kernel = chosen();
-    if kernel != Kernel::Cublas
-        || !stacks_on()
-        || a.dtype() != DType::F32
-        || b.dtype() != DType::F32
-    {
+    if !stacks_to_cublas() || a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return None;
     }
-    stacked_with(a, b, kernel)
+    stacked_with(a, b, Kernel::Cublas)
 }
 
 /// [`stacked`] with `kernel` on the CubeCL types, shapes that chain (`O` equal or one of them
@@ -702,15 +691,14 @@ pub fn try_stacked_bare<B: Backend>(
 ) -> Option<Result<Tensor<B, 4>, String>> {
     on_cube_types!(B, T, { None }, {
         let (a, b) = (cast::<_, Tensor<T, 4>>(a.clone())?, cast::<_, Tensor<T, 4>>(b.clone())?);
+        let (a, b) = (float(a), float(b));
         let y = if kernel == Kernel::Burn {
-            let y = a.matmul(b);
-            Ok(if sum_outer { y.sum_dim(0) } else { y })
+            Ok(burn_stacked::<T>(a, b, sum_outer))
         } else {
-            T::try_stacked(float(a), float(b), kernel, sum_outer)
-                .map(|y| Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)))
+            T::try_stacked(a, b, kernel, sum_outer)
         };
         Some(match y {
-            Ok(y) => Ok(cast(y)?),
+            Ok(y) => Ok(cast(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)))?),
             Err(why) => Err(why),
         })
     });

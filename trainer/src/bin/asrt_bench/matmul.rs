@@ -223,7 +223,8 @@ pub fn run<B: Backend>(
         };
         // The outer indices each output sums over: its own, or all where summed.
         let summed = stack.is_some_and(|s| s.sum_outer);
-        let sources = |o: usize| if summed { 0..a_outer.max(b_outer) } else { o..o + 1 };
+        let all = a_outer.max(b_outer);
+        let sources = |o: usize| if summed { 0..all } else { o..o + 1 };
         // 512 sampled outputs `(o, h, i, j)` in float64, with their terms' magnitudes summed.
         let samples: Vec<[usize; 4]> = (0..512)
             .map(|_| {
@@ -248,7 +249,7 @@ pub fn run<B: Backend>(
             })
             .collect();
         let at = |[o, h, i, j]: [usize; 4]| ((o * heads + h) * m + i) * n + j;
-        let products = a_outer.max(b_outer) * heads;
+        let products = all * heads;
         let flops = 2.0 * (products * m * k * n) as f64;
         for &kernel in kernels {
             let start = Instant::now();
