@@ -2,26 +2,27 @@
 # The GPU kit: one command that gets the most verified information out of a GPU machine's
 # minutes (no Rust, no network there). Build the kit first, here: bash scripts/gpu/bundle.sh.
 #
-#   bash scripts/gpu/run.sh                 on the GPU machine (device tool: carry ["gpu-kit"])
+#   bash scripts/gpu/run.sh                 on the GPU machine (device tool: the carries bundle.sh prints)
 #   bash scripts/gpu/run.sh --dry-run       anywhere: the same steps on wgpu/CPU with small sizes,
 #                                           using the test-profile binaries (CI runs this)
 #
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,g,c,cg,d,dw,dj,hp,e --budget 540 --cap 180, and
-# ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override it),
-# --work DIR (keep the working folder for a later call on the same machine, see below).
+# call of at most 10 minutes should run: --only env,g,cg,d,dw,dk,e,mm --budget 560 --cap 200,
+# and ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override
+# it), --work DIR (keep the working folder for a later call on the same machine, see below).
 #
-# A session's device time is short (15 minutes, machine start included). Call 1:
+# A session's device time is short (15 minutes, machine start included), and the idle machine
+# is taken back after 30 s. bundle.sh prints each call's carry (the kit with the working tree is
+# over the 64 MiB one call carries: call 1 carries the binaries and data, call 2 perf, and
+# finds call 1's binaries where they were). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only mm,dm,mb,bm,ma,dc,ds --budget SECONDS --work /tmp/asrt-kit
-# (mm times the matmul kernels, about 90 s; dm trains with the fastest, about 115 s; mb and bm
-# the same on bf16 operands and in bf16-mixed, about 90 and 120 s; ma the attention's stacks of
-# products, Burn's and cuBLAS's, about 30 s; dc and ds, last, dm's cuBLAS run with each product
-# waited for and with the attention's stacks of products left to Burn, about 50 s each, where
-# the budget leaves time.)
+#   bash scripts/gpu/run.sh --only hp,dj,dm,mb,bm,ma,dc,ds --budget SECONDS --work /tmp/asrt-kit
+# On an H200 (2026-11-30 evening) the steps took: env 6 s, g 2, cg 52, d 93, dw 36, e 30, mm 24
+# (five kernels), dm 76, hp 41, mb 21, bm 82, ma 5, dc 35, ds 36; dk about as dm, dj as dw. Call
+# 1 about 320 s, call 2 about 330 s.
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
@@ -47,6 +48,8 @@
 #        share over steps 3.. and the GPU's utilisation (threads.py; also dw, dr, dj, dm, du, db,
 #        d2)
 #   dw   d again with the kernel cache d left (the same shapes): the steady step time
+#   dk   dw with Burn's product (`--matmul burn`), run twice (the first compiles it): what
+#        cuBLAS's product, the default on CUDA, gains
 #        (d, dw, db, d2 and f train through Burn's fusion, asrt's default on a GPU)
 #   dr   dw with the trainer's operations resolved on the training thread (ASRT_FUSION_QUEUE=0)
 #        rather than queued in fusion's stream (the default): what queuing gains
@@ -77,9 +80,9 @@
 #        first compiles it)
 #   dc   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_WAIT=1 (each product
 #        waits for its call on CubeCL's device thread): what not waiting gains; else skipped
-#   ds   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_STACKS=0 (the
-#        attention's stacks of products through Burn's kernel, not cuBLAS's strided-batched
-#        calls): what cuBLAS gains on them; else skipped
+#   ds   where dm trained with `cublas`: dm's run again with ASRT_CUBLAS_STACKS=1 (the
+#        attention's stacks of products through cuBLAS's strided-batched calls, not Burn's
+#        kernel, the default): what cuBLAS would gain on them; else skipped
 #   mb   mm with mixed precision's operands, bf16 in and f32 out (`--operands bf16`), and
 #        PyTorch's product on the same bf16 operands
 #   bm   db with mb's fastest correct kernel other than Burn's for the linear layers' products,
@@ -115,14 +118,11 @@ while [ $# -gt 0 ]; do
     --cap) cap="$2"; shift ;;
     --work) keep="$2"; shift ;;
     --short)
-      # mm rather than db or du: products are half of a steady step's device time, and mm's
-      # timings let a second call's dm train with the fastest kernel; db's and du's figures
-      # were measured (bench/RESULTS.md). hp rather than dp: dp's launches and device time
-      # were measured on three loans, within 10 % of each other; the host's side was not. mm
-      # goes to the second call, with dm, which needs its timings. dr (resolved, the default
-      # before 19738ae) was measured against queued on an H200 (0.426 against 0.343 s): its
-      # 45 s go to the second call's mb and bm.
-      only="env,g,c,cg,d,dw,dj,hp,e"; budget=540; cap=180
+      # The first call: the checks (env, g, cg), the default step (dw) against Burn's product
+      # (dk) and PyTorch's (e), and the products' kernels (mm, whose timings the second call's
+      # dm needs). c, dr, dp, du, db were measured on earlier loans (bench/RESULTS.md) and
+      # go without: cg checks c's gradients, and the steps since run queued and fused.
+      only="env,g,cg,d,dw,dk,e,mm"; budget=560; cap=200
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -436,13 +436,28 @@ check_d() { py train-big "$1" "$logs/d.log" "$work"; }
 # kernel for each new shape; on an H200 d's steps took 3.4 s with compilation against 1.3 s
 # without, so the steady step time is this step's.
 step_dw() { warm_run dw "$train_dev"; }
-# warm_run NAME DEVICE: d's plan again on DEVICE, measured as NAME, with the kernels d compiled.
+# warm_run NAME DEVICE [ARGS...]: d's plan again on DEVICE, measured as NAME, with the kernels d
+# compiled (and asrt train's further ARGS).
 warm_run() {
   [ -f "$work/parakeet.toml" ] || { echo "$1 runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
-  measured "$1" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/$1-run" \
-    --device "$2" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)"
+  local name="$1" wdev="$2"
+  shift 2
+  measured "$name" "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/$name-run" \
+    --device "$wdev" --max-steps "$([ "$dry" = 1 ] && echo 2 || echo 6)" "$@"
 }
 check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
+
+# dw with Burn's product (`--matmul burn`), the default on CUDA before cuBLAS's (an H200's step:
+# 0.290 s against 0.205 s with cuBLAS, bench/RESULTS.md, 2026-11-30 evening): the A/B for the
+# default. Run twice, as dm is: d trained with cuBLAS, so the first run compiles Burn's product
+# kernels for d's shapes.
+step_dk() {
+  [ -f "$work/parakeet.toml" ] || { echo "dk runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
+    --out "$work/dk0-run" --device "$train_dev" --max-steps 6 --matmul burn --quiet || return $?
+  warm_run dk "$train_dev" --matmul burn
+}
+check_dk() { py train-big "$1" "$logs/dk.log" "$work" dk; }
 
 # dw with the trainer's own operations resolved on the training thread (ASRT_FUSION_QUEUE=0,
 # asr_tdt::fusion::in_stream) instead of queued in fusion's stream, the default since an H200's
@@ -490,7 +505,9 @@ step_hp() {
   # Whether perf may sample here at all (containers often forbid perf_event_open).
   $perf_cmd record -F "$hp_freq" -e cpu-clock -o "$work/hp-probe.data" -- true > "$work/hp-probe.log" 2>&1 \
     || { echo "perf cannot sample here: $(tail -n 2 "$work/hp-probe.log" | tr '\n' ' ')"; return 3; }
-  local pdev="$train_dev" steps=8 from=2 pid perf rc
+  # d's 6 steps, whose shapes d compiled: past them each new batch shape compiles kernels,
+  # and NVRTC took the device thread's samples (an H200 run of 8 steps, 2026-11-30 evening).
+  local pdev="$train_dev" steps=6 from=2 pid perf rc
   [ "$dry" = 1 ] && { pdev="$dev"; steps=4; }
   rm -rf "$work/hp-run"
   "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/hp-run" \
@@ -519,16 +536,11 @@ check_hp() { py host-profile "$1" "$logs/hp.log" "$work"; }
 # The matmul kernels of `asrt train --matmul` at the 0.6B preset's linear products (cubek's
 # strategies, bare): time, TFLOP/s, error against float64, the fastest correct (mm.json).
 # Not every kernel (each costs its compilations, about 7 s each on an H200, in a call of
-# minutes): Burn's;
-# the five an H200 timed faster than it over these cases (bench/RESULTS.md, 2026-11-30: all
-# loaded by TMA, or warp-specialised); and the variants of those, with one cp.async and one
-# ordered kernel, from Burn's own autotune list. The rest were no faster than Burn's, or at 1.7x
-# its total and slower (the unit kernels, double-cyclic-cmma, double-tilewise-cmma,
-# double-hybrid-cmma, ordered-double-cmma). And cuBLAS (`cublas`), the library PyTorch's
-# products run, through the trainer's own call. ASRT_MM_KERNELS overrides the list; "all" times
-# every kernel.
-mm_kernels="burn,cublas,simple-tma-cmma,double-tma-cmma,double-tma-mma,specialized-cyclic-cmma,specialized-tma-cmma"
-mm_kernels="$mm_kernels,simple-tma-mma,simple-tma-mma-multi-rows,double-tma-cmma-specialized,double-tma-mma-specialized,specialized-tma-mma,double-async-cyclic-mma,ordered-double-mma-rows8"
+# minutes): Burn's; cuBLAS (`cublas`, the default on CUDA: on an H200, 0.23 ms over the five
+# cases, 3.4x faster than the fastest cubek kernel, double-tma-mma, at 0.77 ms; bench/RESULTS.md, 2026-11-30
+# evening); and the three cubek kernels that came nearest it (TMA-loaded, one warp-specialised).
+# ASRT_MM_KERNELS overrides the list; "all" times every kernel.
+mm_kernels="burn,cublas,double-tma-mma,double-tma-mma-specialized,specialized-tma-mma"
 # matmul_kernels OPERANDS: asrt-bench matmul over mm_kernels with operands of that type.
 matmul_kernels() {
   local list=(--kernels "${ASRT_MM_KERNELS:-$mm_kernels}")
@@ -644,9 +656,10 @@ cublas_variant() {
 # dm's cuBLAS run with every product waiting for its call (one round trip to CubeCL's device
 # thread each): the A/B for queuing them.
 step_dc() { cublas_variant dc ASRT_CUBLAS_WAIT=1; }
-# dm's cuBLAS run with the attention's stacks of products through Burn's kernel: the A/B for
-# taking them through cuBLAS's strided-batched calls.
-step_ds() { cublas_variant ds ASRT_CUBLAS_STACKS=0; }
+# dm's cuBLAS run with the attention's stacks of products through cuBLAS's strided-batched
+# calls (opt-in: an H200's step was as fast or faster with Burn's kernel for them, the
+# default since; bench/RESULTS.md, 2026-11-30 evening): the A/B kept for the next loan.
+step_ds() { cublas_variant ds ASRT_CUBLAS_STACKS=1; }
 check_skippable() {
   if [ "$1" = 3 ]; then echo "SKIPPED: $(tail -n 1 "$logs/$2.log")"; else py train-big "$1" "$logs/$2.log" "$work" "$2"; fi
 }
@@ -770,7 +783,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -784,6 +797,7 @@ run_step c 600 step_c
 run_step cg 240 step_cg
 run_step d 600 step_d
 run_step dw 300 step_dw
+run_step dk 300 step_dk
 run_step dr 300 step_dr
 run_step dj 300 step_dj
 run_step dp 240 step_dp

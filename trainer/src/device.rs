@@ -198,6 +198,20 @@ impl Devices {
         !matches!(self, Devices::Cpu(_) | Devices::Flex(_))
     }
 
+    /// The matmul kernel these devices' linear layers use unless `--matmul` names one:
+    /// cuBLAS on CUDA, where it is the fastest (on an H200, 0.23 ms over the 0.6B preset's five
+    /// product cases against Burn's 1.39 ms, and the step 0.205 s against 0.290 s in the same
+    /// call; bench/RESULTS.md, 2026-11-30 evening), and falls back to Burn's product, with a
+    /// warning, where cuBLAS does not load; Burn's product elsewhere.
+    pub fn default_matmul(&self) -> crate::model::matmul_kernel::Kernel {
+        use crate::model::matmul_kernel::Kernel;
+        match self {
+            #[cfg(feature = "cuda")]
+            Devices::Cuda(..) => Kernel::Cublas,
+            _ => Kernel::Burn,
+        }
+    }
+
     /// Ranks in this process.
     pub fn len(&self) -> usize {
         match self {
@@ -299,13 +313,14 @@ pub struct DeviceArgs {
     #[arg(long, value_enum, default_value = "on")]
     pub fusion: Fusion,
     /// On cuda and wgpu: the matmul kernel of the linear layers' products and their gradients
-    /// (in the mixed precisions, on the operands rounded to the half type). `burn` is Burn's
-    /// own (under fusion cubek's simple cyclic CMMA); the others are cubek's strategies by name
-    /// (`asrt-bench matmul --device cuda:0` times each at the 0.6B preset's shapes; with
-    /// `--operands bf16` as bf16-mixed runs them). A kernel the device cannot run falls back
-    /// to Burn's, with a warning.
-    #[arg(long, value_enum, default_value = "burn")]
-    pub matmul: crate::model::matmul_kernel::Kernel,
+    /// (in the mixed precisions, on the operands rounded to the half type). `cublas` is
+    /// NVIDIA's library (TF32 tensor cores for f32), called on CubeCL's stream; `burn` is
+    /// Burn's own (under fusion cubek's simple cyclic CMMA); the others are cubek's strategies
+    /// by name (`asrt-bench matmul --device cuda:0` times each at the 0.6B preset's shapes;
+    /// with `--operands bf16` as bf16-mixed runs them). A kernel the device cannot run falls
+    /// back to Burn's, with a warning. Default: `cublas` on cuda, `burn` elsewhere.
+    #[arg(long, value_enum)]
+    pub matmul: Option<crate::model::matmul_kernel::Kernel>,
 }
 
 /// Why the devices cannot be used on this machine.
@@ -337,7 +352,7 @@ impl DeviceArgs {
     /// [`Devices::prepare`] with the kernel cache the flag and the environment name, and the
     /// matmul kernel chosen for this process (with a warning where it changes nothing).
     pub fn prepare(&self, devices: &Devices, processes: bool) -> Result<(), SetupError> {
-        crate::model::matmul_kernel::choose(self.matmul);
+        crate::model::matmul_kernel::choose(self.matmul_on(devices));
         if let Some(warning) = self.matmul_unused(devices) {
             eprintln!("warning: {warning}");
         }
@@ -348,8 +363,9 @@ impl DeviceArgs {
     /// backends use their own products. (In the mixed precisions it runs the linear layers'
     /// products on the half type's operands, `device_mixed`.)
     pub fn matmul_unused(&self, devices: &Devices) -> Option<String> {
-        let kernel = self.matmul.name();
-        if self.matmul == crate::model::matmul_kernel::Kernel::Burn || devices.on_cubecl() {
+        let chosen = self.matmul?;
+        let kernel = chosen.name();
+        if chosen == crate::model::matmul_kernel::Kernel::Burn || devices.on_cubecl() {
             None
         } else {
             Some(format!(
@@ -357,6 +373,12 @@ impl DeviceArgs {
                  products"
             ))
         }
+    }
+
+    /// The matmul kernel a run on `devices` uses: `--matmul`'s, else the devices' default
+    /// ([`Devices::default_matmul`]).
+    pub fn matmul_on(&self, devices: &Devices) -> crate::model::matmul_kernel::Kernel {
+        self.matmul.unwrap_or_else(|| devices.default_matmul())
     }
 
     /// The one device of a command that runs on one.
@@ -592,18 +614,20 @@ pub fn evaluate_model_cpu(
 mod tests {
     use super::*;
 
-    /// `--matmul` other than `burn` warns where it changes nothing: on the CPU backends.
-    #[test]
-    fn matmul_warns_where_it_changes_nothing() {
+    /// The device flags of a command line `asrt ARGS...`.
+    fn args(a: &[&str]) -> DeviceArgs {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             device: DeviceArgs,
         }
-        let args = |a: &[&str]| {
-            let cli = <Cli as clap::Parser>::try_parse_from([&["asrt"], a].concat());
-            cli.expect("the arguments parse").device
-        };
+        let cli = <Cli as clap::Parser>::try_parse_from([&["asrt"], a].concat());
+        cli.expect("the arguments parse").device
+    }
+
+    /// `--matmul` other than `burn` warns where it changes nothing: on the CPU backends.
+    #[test]
+    fn matmul_warns_where_it_changes_nothing() {
         let wgpu = Devices::Wgpu(1, Fusion::Off);
         let unit = args(&["--matmul", "simple-unit"]);
         assert_eq!(unit.matmul_unused(&wgpu), None);
@@ -611,9 +635,30 @@ mod tests {
             unit.matmul_unused(&Devices::Cpu(1)).as_deref(),
             Some("--matmul simple-unit applies on cuda and wgpu; the CPU backends use their own products")
         );
-        let burn = args(&[]);
+        let default = args(&[]);
+        assert_eq!(default.matmul_unused(&Devices::Cpu(1)), None);
+        assert_eq!(default.matmul_unused(&wgpu), None);
+        let burn = args(&["--matmul", "burn"]);
         assert_eq!(burn.matmul_unused(&Devices::Cpu(1)), None);
-        assert_eq!(burn.matmul_unused(&wgpu), None);
+    }
+
+    /// Without `--matmul` a CUDA run takes cuBLAS's product and every other run Burn's; a
+    /// kernel named is taken on every device.
+    #[test]
+    fn matmul_defaults_to_cublas_on_cuda_only() {
+        use crate::model::matmul_kernel::Kernel;
+        let default = args(&[]);
+        let unit = args(&["--matmul", "simple-unit"]);
+        for devices in [Devices::Cpu(1), Devices::Flex(2), Devices::Wgpu(1, Fusion::On)] {
+            assert_eq!(default.matmul_on(&devices), Kernel::Burn, "{devices:?}");
+            assert_eq!(unit.matmul_on(&devices), Kernel::SimpleUnit, "{devices:?}");
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let cuda = Devices::Cuda(vec![0], Fusion::On);
+            assert_eq!(default.matmul_on(&cuda), Kernel::Cublas);
+            assert_eq!(args(&["--matmul", "burn"]).matmul_on(&cuda), Kernel::Burn);
+        }
     }
 
     #[test]

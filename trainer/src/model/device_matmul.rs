@@ -1,13 +1,15 @@
 //! A linear layer's product `x [rows, in] · w [in, out]` launched with a chosen CubeCL matmul
 //! kernel (`cubek`'s strategies) on the CubeCL backends (wgpu, CUDA; fused or not), and its two
-//! gradients (`dy · wᵀ`, `xᵀ · dy`) with the same kernel; Burn's own product by default.
+//! gradients (`dy · wᵀ`, `xᵀ · dy`) with the same kernel.
 //!
 //! Why: without autotune Burn runs one fixed kernel, under fusion cubek's simple cyclic CMMA
 //! (TF32 on CUDA for f32). On an H200 the 0.6B step's 1,314 products took 0.240 s of its
 //! 0.474 s of device time, about 21 TFLOP/s (bench/RESULTS.md, "The step on the device").
 //! Autotune picks per shape but timed candidates for minutes on the first steps
 //! (README, "Kernel cache"). Here `asrt-bench matmul` times each kernel at the preset's shapes
-//! once, and `--matmul KERNEL` (or `ASRT_MATMUL`) trains with the fastest.
+//! once, and `--matmul KERNEL` trains with the fastest. On CUDA the default is `cublas`, the
+//! fastest there (0.23 ms over the preset's five product cases against Burn's 1.39 ms on an
+//! H200; the 0.6B step 0.205 s against 0.290 s); Burn's product elsewhere.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors, where a kernel other than [`Kernel::Burn`] is chosen;
@@ -16,10 +18,11 @@
 //! saying so once per product and weight shape. Mixed precision's products of two matrices take
 //! the chosen kernel too, on operands already rounded to the half type ([`chosen_product`]).
 //!
-//! Under `--matmul cublas` the attention's stacks of products (`[B, H, m, k] · [B or 1, H, k,
-//! n]`: the content and position scores, the weights times the values) go through cuBLAS too,
-//! as strided-batched calls ([`stacked`], `cublas_product::batched`), with their gradients;
-//! `ASRT_CUBLAS_STACKS=0` leaves them to Burn's product, for the A/B. (cubek's kernels are not
+//! Under `--matmul cublas` with `ASRT_CUBLAS_STACKS=1` the attention's stacks of products
+//! (`[B, H, m, k] · [B or 1, H, k, n]`: the content and position scores, the weights times the
+//! values) go through cuBLAS too, as strided-batched calls ([`stacked`],
+//! `cublas_product::batched`), with their gradients; by default they are Burn's product, which
+//! an H200's step measured as fast or faster ([`stacks_to_cublas`]). (cubek's kernels are not
 //! offered for them: Burn's product already is one.)
 //!
 //! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
@@ -401,7 +404,7 @@ pub(crate) fn chosen_product<B: DeviceMatmul>(
 }
 
 /// `a [O, H, m, k] · b [O or 1, H, k, n]` in f32 through cuBLAS where `--matmul cublas` is
-/// chosen (and `ASRT_CUBLAS_STACKS` is not `0`), for mixed precision's stacks (`device_mixed`,
+/// chosen and `ASRT_CUBLAS_STACKS=1`, for mixed precision's stacks (`device_mixed`,
 /// operands in the half type; a shared operand's gradient is summed by the caller); `None`
 /// elsewhere, and where cuBLAS cannot run (said once), and the caller runs its own product.
 pub(crate) fn chosen_stacked<B: DeviceMatmul>(
@@ -578,16 +581,20 @@ impl<B: DeviceMatmul> DeviceOp<B, 2> for Stacked {
 }
 
 /// Whether the attention's stacks of products take cuBLAS: `--matmul cublas` chosen and
-/// `ASRT_CUBLAS_STACKS` not `0` (read once).
+/// `ASRT_CUBLAS_STACKS=1` (read once). Off by default: on an H200 the 0.6B step with the stacks
+/// left to Burn's product was as fast or faster in each of three pairs of runs (0.170 against
+/// 0.190 s, 0.153 against 0.166, 0.187 against 0.189; bench/RESULTS.md, 2026-11-30 evening),
+/// although cuBLAS ran the five stack forms 1.36x faster alone: the step is bound by the
+/// host's threads, and the position products' calls (one per utterance) add to them.
 fn stacks_to_cublas() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     chosen() == Kernel::Cublas
-        && *ON.get_or_init(|| std::env::var("ASRT_CUBLAS_STACKS").map_or(true, |v| v != "0"))
+        && *ON.get_or_init(|| std::env::var("ASRT_CUBLAS_STACKS").is_ok_and(|v| v == "1"))
 }
 
 /// `a [O, H, m, k] · b [O or 1, H, k, n]` (the attention's stacks of products, either's `O`
-/// may be 1) through cuBLAS where `--matmul cublas` is chosen, the backend is one of the
-/// trainer's CubeCL types (bare or under autodiff) and the tensors f32; `None` elsewhere, and
+/// may be 1) through cuBLAS where `--matmul cublas` is chosen with `ASRT_CUBLAS_STACKS=1`, the
+/// backend is one of the trainer's CubeCL types (bare or under autodiff) and the tensors f32; `None` elsewhere, and
 /// the caller runs Burn's `matmul`.
 pub fn stacked<B: Backend>(a: &Tensor<B, 4>, b: &Tensor<B, 4>) -> Option<Tensor<B, 4>> {
     if !stacks_to_cublas() || a.dtype() != DType::F32 || b.dtype() != DType::F32 {
