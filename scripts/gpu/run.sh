@@ -449,12 +449,10 @@ check_dw() { py train-big "$1" "$logs/dw.log" "$work" dw; }
 
 # dw with Burn's product (`--matmul burn`), the default on CUDA before cuBLAS's (an H200's step:
 # 0.290 s against 0.205 s with cuBLAS, bench/RESULTS.md, 2026-11-30 evening): the A/B for the
-# default. Run twice, as dm is: d trained with cuBLAS, so the first run compiles Burn's product
-# kernels for d's shapes.
+# default. Run twice, as dm is: d trained with cuBLAS, so the first run (dk0) compiles Burn's
+# product kernels for d's shapes.
 step_dk() {
-  [ -f "$work/parakeet.toml" ] || { echo "dk runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
-  [ "$dry" = 1 ] || "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" \
-    --out "$work/dk0-run" --device "$train_dev" --max-steps 6 --matmul burn --quiet || return $?
+  [ "$dry" = 1 ] || warm_run dk0 "$train_dev" --matmul burn --quiet || return $?
   warm_run dk "$train_dev" --matmul burn
 }
 check_dk() { py train-big "$1" "$logs/dk.log" "$work" dk; }

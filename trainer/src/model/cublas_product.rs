@@ -403,9 +403,12 @@ pub fn batched(
         let shape = t.meta.shape();
         (0..shape.num_dims()).map(|i| shape[i]).collect::<Vec<_>>()
     };
-    let refused = CublasProductError::Stacks { a: dims(&a), b: dims(&b) };
+    // Built only on refusal: the shapes' copies are not made on each stack's call.
+    let refused = |a: &CubeTensor<CudaRuntime>, b: &CubeTensor<CudaRuntime>| {
+        CublasProductError::Stacks { a: dims(a), b: dims(b) }
+    };
     if a.meta.shape().num_dims() != 4 || b.meta.shape().num_dims() != 4 {
-        return Err(refused);
+        return Err(refused(&a, &b));
     }
     let (a, b) = (readable(a), readable(b));
     let stack = |t: &CubeTensor<CudaRuntime>| {
@@ -415,7 +418,8 @@ pub fn batched(
             strides: [strides[0], strides[1], strides[2], strides[3]],
         }
     };
-    let plan = column_major::batched(&stack(&a), &stack(&b), sum_outer).ok_or(refused)?;
+    let plan =
+        column_major::batched(&stack(&a), &stack(&b), sum_outer).ok_or_else(|| refused(&a, &b))?;
     let shape = plan.shape.to_vec();
     run_plan(a, b, plan, shape)
 }

@@ -594,8 +594,8 @@ fn stacks_to_cublas() -> bool {
 
 /// `a [O, H, m, k] · b [O or 1, H, k, n]` (the attention's stacks of products, either's `O`
 /// may be 1) through cuBLAS where `--matmul cublas` is chosen with `ASRT_CUBLAS_STACKS=1`, the
-/// backend is one of the trainer's CubeCL types (bare or under autodiff) and the tensors f32; `None` elsewhere, and
-/// the caller runs Burn's `matmul`.
+/// backend is one of the trainer's CubeCL types (bare or under autodiff) and the tensors f32;
+/// `None` elsewhere, and the caller runs Burn's `matmul`.
 pub fn stacked<B: Backend>(a: &Tensor<B, 4>, b: &Tensor<B, 4>) -> Option<Tensor<B, 4>> {
     if !stacks_to_cublas() || a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return None;

@@ -23,8 +23,8 @@
 //! A product of two matrices (the linear layers' and their gradients) runs the kernel
 //! `--matmul` chose where one is and it runs on the device (`device_matmul::chosen_product`:
 //! cubek's strategies take the half type in and write f32); a stack of four axes (the
-//! attention's) runs cuBLAS's strided-batched calls under `--matmul cublas`
-//! (`device_matmul::chosen_stacked`); Burn's product elsewhere.
+//! attention's) runs cuBLAS's strided-batched calls under `--matmul cublas` with
+//! `ASRT_CUBLAS_STACKS=1` (`device_matmul::chosen_stacked`); Burn's product elsewhere.
 //!
 //! Invariants: `product(a, b) = f32(Σ_k half(a)[.., i, k] · half(b)[.., k, j])`, accumulated
 //! in f32; the gradients are `f32(half(dy) · half(b)ᵀ)` and `f32(half(a)ᵀ · half(dy))`, a
@@ -182,7 +182,7 @@ where
 
     fn product_f32(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         // `--matmul`'s kernel where one was chosen and runs here (two matrices: the linear
-        // layers' products and their gradients; stacks of four axes under `cublas`).
+        // layers' products and their gradients; stacks of four axes under `cublas` with `ASRT_CUBLAS_STACKS=1`).
         super::device_matmul::chosen_product::<Self>(&a, &b)
             .or_else(|| super::device_matmul::chosen_stacked::<Self>(&a, &b))
             .unwrap_or_else(|| burn_product_f32::<R, F, I, BT>(a, b))
