@@ -9,6 +9,12 @@
 # threads (scripts/gpu/threads.py). bench/RESULTS.md, 2026-11-29 (21:24) and 2026-11-30.
 #
 #   bash bench/ab_env.sh VAR [ASRT] [DEVICE]     ASRT defaults to the release build
+#
+# AB_VALUES (default "0 1") and AB_ROUNDS (default 2) choose the runs; AB_ARGS adds arguments
+# to every run's `asrt train` (`AB_ARGS="--fusion off"`). AB_CALLGRAPH=DIR records
+# call chains instead (`perf record --call-graph dwarf`, 199 Hz) and writes each run's
+# bench/host_frames.py reading of its threads' own work to DIR/VALUE-ROUND.frames, keeping the
+# recording as DIR/VALUE-ROUND.perf (hundreds of MB) for `host_frames.py --match`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
@@ -24,26 +30,42 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}"
 printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 12.0\n' > "$work/ab.toml"
 freq=499
 steps="${AB_STEPS:-40}"
+frames="${AB_CALLGRAPH:-}"
+if [ -n "$frames" ]; then
+  freq=199
+  mkdir -p "$frames"
+fi
 skip=10
 [ "$steps" -lt 30 ] && skip=5
-for round in 1 2; do
-  for value in 0 1; do
+for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+  for value in ${AB_VALUES:-0 1}; do
     run="$work/v$value-$round"
     env "$var=$value" "$asrt" train "$work/fixed.asrcorpus" --config "$work/ab.toml" --out "$run" \
-      --device "$device" --max-steps "$steps" --quiet > "$run.log" 2>&1 &
+      --device "$device" --max-steps "$steps" --quiet ${AB_ARGS:-} > "$run.log" 2>&1 &
     pid=$!
     if command -v perf > /dev/null; then
       # From step skip + 1 on: the first steps compile kernels and fill the memory pool.
       while kill -0 "$pid" 2> /dev/null && [ "$(cat "$run/metrics.jsonl" 2> /dev/null | wc -l)" -lt "$skip" ]; do
         sleep 0.05
       done
-      perf record -F "$freq" -e cpu-clock -o "$run.perf" -p "$pid" > "$run.perf.log" 2>&1 || true
+      if [ -n "$frames" ]; then
+        perf record -F "$freq" -e cpu-clock --call-graph dwarf,16384 -o "$run.perf" -p "$pid" \
+          > "$run.perf.log" 2>&1 || true
+      else
+        perf record -F "$freq" -e cpu-clock -o "$run.perf" -p "$pid" > "$run.perf.log" 2>&1 || true
+      fi
       perf report -i "$run.perf" --no-children --sort comm,dso,sym -n --stdio -g none \
         > "$run.report" 2> /dev/null || true
     else
       python3 scripts/gpu/threads.py sample "$pid" "$run.threads" --metrics "$run/metrics.jsonl"
     fi
     wait "$pid" || { cat "$run.log"; exit 1; }
+    if [ -n "$frames" ] && [ -s "$run.perf" ]; then
+      mv "$run.perf" "$frames/$value-$round.perf"
+      perf script -i "$frames/$value-$round.perf" 2> /dev/null \
+        | python3 bench/host_frames.py --frequency "$freq" --steps "$((steps - skip))" --top 40 \
+        > "$frames/$value-$round.frames" || true
+    fi
     python3 - "$run" "$var=$value" "$round" "$repo" "$freq" "$skip" <<'PY'
 import json, os, statistics, subprocess, sys
 run, label, rnd, repo, freq, skip = sys.argv[1:]

@@ -434,6 +434,50 @@ def check_train_big(rc, log, work, name="d"):
             f"{mfu_s}{host_s}")
 
 
+def check_train_ab(rc, log, work, name, variant):
+    """run.sh's `alternate`: the default's runs NAMEa1, NAMEa2 and the variant's NAMEb1, NAMEb2,
+    run a b a b. Each step from the third (the second allocates the pool's pages; a dry run's
+    two steps give the second alone) of a variant's run over the same step of the default's
+    run of its round: the same batch shape, minutes apart."""
+    if rc != 0:
+        return f"FAIL: exit {rc}; {tail(log)}"
+    runs, reserved = {}, {}
+    for tag in ("a1", "b1", "a2", "b2"):
+        ms = metrics(os.path.join(work, f"{name}{tag}-run", "metrics.jsonl"))
+        if not ms:
+            return f"FAIL: no metrics for {name}{tag}; {tail(log)}"
+        runs[tag] = [m["ranks"][0]["step_seconds"] + m["ranks"][0]["wait_seconds"] for m in ms]
+        pool = [m["device_memory"]["reserved_bytes"] for m in ms if m.get("device_memory")]
+        if pool:
+            reserved[tag[0]] = max(reserved.get(tag[0], 0), max(pool))
+    first = 2 if min(len(v) for v in runs.values()) > 2 else 1
+    ratios, rounds = [], []
+    for r in ("1", "2"):
+        a, b = runs["a" + r][first:], runs["b" + r][first:]
+        pairs = [y / x for x, y in zip(a, b) if x > 0]
+        ratios += pairs
+        rounds.append(pairs)
+    if not ratios:
+        return f"FAIL: no steps to compare; {tail(log)}"
+    a_all = [t for r in ("1", "2") for t in runs["a" + r][first:]]
+    b_all = [t for r in ("1", "2") for t in runs["b" + r][first:]]
+    figures = {"variant": variant, "from_step": first + 1, "ratio_median": statistics.median(ratios),
+               "ratios_by_round": rounds, "default_median_step_seconds": statistics.median(a_all),
+               "variant_median_step_seconds": statistics.median(b_all),
+               "step_seconds": {tag: v for tag, v in runs.items()}}
+    mem_s = ""
+    if "a" in reserved and "b" in reserved:
+        figures["pool_reserved_mib"] = {"default": reserved["a"] / 2**20, "variant": reserved["b"] / 2**20}
+        mem_s = f"; the pool's reserved memory: default {reserved['a'] / 2**20:.0f} MiB, variant {reserved['b'] / 2**20:.0f} MiB"
+    faster = sum(1 for x in ratios if x < 1)
+    save(work, name, figures)
+    each = "; ".join(f"round {i + 1}: " + ", ".join(f"{x:.3f}" for x in rr) for i, rr in enumerate(rounds))
+    return (f"PASS: {variant} over the default, step by step from step {first + 1}: median "
+            f"{figures['ratio_median']:.3f} ({each}); the variant faster in {faster} of {len(ratios)}; "
+            f"median s/step: default {figures['default_median_step_seconds']:.3f}, "
+            f"variant {figures['variant_median_step_seconds']:.3f}{mem_s}")
+
+
 def matmul_fallbacks(log, figures):
     """The products `--matmul`'s kernel could not run (its warnings: which product, the weight's
     shape, why), into `figures`, and a clause for the verdict; empty where there were none or no
@@ -697,6 +741,7 @@ def main():
         "train-tiny": lambda: check_train_tiny(rc, *args[1:]),
         "grad-norms": lambda: check_grad_norms(rc, *args[1:]),
         "train-big": lambda: check_train_big(rc, *args[1:]),
+        "train-ab": lambda: check_train_ab(rc, *args[1:]),
         "profile": lambda: check_profile(rc, *args[1:]),
         "matmul": lambda: check_matmul(rc, *args[1:]),
         "peer-step": lambda: check_peer_step(rc, *args[1:]),

@@ -9,7 +9,7 @@
 # Options: --kit DIR (default gpu-kit), --out DIR (default $OUT, else out/gpu), --only a,c,...
 # (steps to run), --budget SECONDS (each step's timeout is cut to what is left; default 1500),
 # --cap SECONDS (no step runs longer; for calls shorter than the whole kit), --short (what one
-# call of at most 10 minutes should run: --only env,g,cg,d,dw,dk,e,mm --budget 560 --cap 200,
+# call of at most 10 minutes should run: --only env,g,cg,d,dw,e,xu --budget 560 --cap 260,
 # and ASRT_PEER_RUNS=tf32+softmax-loss,bf16+softmax-loss unless set; options after it override
 # it), --work DIR (keep the working folder for a later call on the same machine, see below).
 #
@@ -19,10 +19,12 @@
 # finds call 1's binaries where they were). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only hp,dj,dm,mb,bm,ma,dc,ds --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only hp,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
 # On an H200 (2026-11-30 evening) the steps took: env 6 s, g 2, cg 52, d 93, dw 36, e 30, mm 24
-# (five kernels), dm 76, hp 41, mb 21, bm 82, ma 5, dc 35, ds 36; dk about as dm, dj as dw. Call
-# 1 about 320 s, call 2 about 330 s.
+# (five kernels), dm 76, hp 41, mb 21, bm 82, ma 5, dc 35, ds 36; dk about as dm, dj as dw; so
+# an alternated step about 4 x 36 s, and its variant's compiling run besides. Call 1 about
+# 450 s, call 2 about 400 s with db (the second call's budget cuts it: its order is hp, xj, xk,
+# db; db is bm with the default products, cuBLAS's on CUDA, so it needs no mb).
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
@@ -65,6 +67,11 @@
 #        symbols (scripts/gpu/host_profile.py): which of the training, fusion and device threads
 #        bounds the step, where threads.py shows only how busy each is
 #   du   dw with --fusion off (one kernel per operation): what fusion gains
+#   xu   dw and du alternated, a b a b (du's kernels compiled first, unmeasured), each of steps
+#        3-6 of du's runs over the same step of dw's beside it: one configuration's runs spread
+#        about 10 %, so a single pair ranks nothing closer (check.py train-ab)
+#   xj   the same for dj (ASRT_GRAPH_JOIN=0)
+#   xk   the same for dk (--matmul burn)
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
@@ -118,11 +125,12 @@ while [ $# -gt 0 ]; do
     --cap) cap="$2"; shift ;;
     --work) keep="$2"; shift ;;
     --short)
-      # The first call: the checks (env, g, cg), the default step (dw) against Burn's product
-      # (dk) and PyTorch's (e), and the products' kernels (mm, whose timings the second call's
-      # dm needs). c, dr, dp, du, db were measured on earlier loans (bench/RESULTS.md) and
-      # go without: cg checks c's gradients, and the steps since run queued and fused.
-      only="env,g,cg,d,dw,dk,e,mm"; budget=560; cap=200
+      # The first call: the checks (env, g, cg), the default step (dw) against PyTorch's (e),
+      # and fusion against none (xu): the step is bound by the host, where fusion's thread may
+      # cost more than its few saved launches. The products' kernels (mm, mb, ma, dm, dc, ds)
+      # were measured on the last loan and c, dr, dp, db on earlier ones (bench/RESULTS.md); cg
+      # checks c's gradients.
+      only="env,g,cg,d,dw,e,xu"; budget=560; cap=260
       export ASRT_PEER_RUNS="${ASRT_PEER_RUNS:-tf32+softmax-loss,bf16+softmax-loss}" ;;
     -h|--help) sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -473,6 +481,35 @@ check_dr() { py train-big "$1" "$logs/dr.log" "$work" dr; }
 step_dj() { ASRT_GRAPH_JOIN=0 warm_run dj "$train_dev"; }
 check_dj() { py train-big "$1" "$logs/dj.log" "$work" dj; }
 
+# alternate NAME WARMUP ENV ARGS...: dw's run (the default, "a") and a variant ("b": asrt train
+# with the environment assignments ENV, e.g. "ASRT_GRAPH_JOIN=0" or "", and ARGS) alternated,
+# a b a b, as NAMEa1, NAMEb1, NAMEa2, NAMEb2. One configuration's runs spread about 10 % on an
+# H200 (bench/RESULTS.md, 2026-11-30 evening), and single runs could not rank variants closer
+# than that: check.py compares each of steps 3-6 of a variant's run with the same step (the
+# same batch shape) of the default's run beside it, over both rounds. With WARMUP 1 the variant
+# first runs once unmeasured (NAMEb0): its kernels are not the ones d compiled.
+alternate() {
+  local name="$1" warmup="$2" envs="$3" r
+  shift 3
+  [ -f "$work/parakeet.toml" ] || { echo "$name runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  if [ "$warmup" = 1 ] && [ "$dry" != 1 ]; then
+    env $envs "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/${name}b0-run" \
+      --device "$train_dev" --max-steps 6 --quiet "$@" || return $?
+  fi
+  for r in 1 2; do
+    warm_run "${name}a$r" "$train_dev" || return $?
+    env $envs bash -c '"$0" "$@"' warm_run "${name}b$r" "$train_dev" "$@" || return $?
+  done
+}
+# The alternated A/Bs of the default (dw) against: --fusion off (xu), no graph join (xj), Burn's
+# product (xk).
+step_xu() { alternate xu 1 "" --fusion off; }
+check_xu() { py train-ab "$1" "$logs/xu.log" "$work" xu "--fusion off"; }
+step_xj() { alternate xj 0 "ASRT_GRAPH_JOIN=0"; }
+check_xj() { py train-ab "$1" "$logs/xj.log" "$work" xj "ASRT_GRAPH_JOIN=0"; }
+step_xk() { alternate xk 1 "" --matmul burn; }
+check_xk() { py train-ab "$1" "$logs/xk.log" "$work" xk "--matmul burn"; }
+
 # dw's run profiled: CubeCL logs every launch with its device time. The first steps of the
 # two runs are the same batches, so 3 steps less 1 is two steady steps (their kernels compiled
 # by d, or here in the 1-step run for the dry run's wgpu).
@@ -670,7 +707,7 @@ step_du() {
   big_setup || return $?
   local steps="$([ "$dry" = 1 ] && echo 2 || echo 6)"
   "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du0-run" \
-    --device "$train_dev" --max-steps 2 --fusion off || return $?
+    --device "$train_dev" --max-steps "$steps" --fusion off --quiet || return $?
   measured du "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/du-run" \
     --device "$train_dev" --max-steps "$steps" --fusion off
 }
@@ -781,7 +818,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run alternate step_xu step_xj step_xk big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -802,6 +839,9 @@ run_step dp 240 step_dp
 run_step hp 120 step_hp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e
+run_step xu 420 step_xu
+run_step xj 300 step_xj
+run_step xk 420 step_xk
 run_step mm 330 step_mm
 run_step dm 400 step_dm
 run_step du 300 step_du

@@ -11,13 +11,22 @@
 //! structure (bench/RESULTS.md, 2026-11-30), where that thread's rate of operations may bound a
 //! GPU step.
 //!
-//! [`join`] runs, before the forward, a tree of no-op nodes over the parameters, eight parents
-//! each: the merges then move graphs of a few nodes, and once the forward's first operation
-//! meets a parameter every later one finds its parents in one graph. A join node's value is its
-//! first parent's (the same buffer, no launch), nothing reads it, and it is dropped at once: no
+//! [`join`] runs, before the forward, one no-op node whose parents are all the parameters
+//! ([`PARENTS`] of them at most; a model with more gets a tree of such nodes). Its merge moves
+//! graphs of one node each into one of them, and once the forward's first operation meets a
+//! parameter every later one finds its parents in that graph. A join node's value is its first
+//! parent's (the same buffer, no launch), nothing reads it, and it is dropped at once: no
 //! backward reaches it, and the backward's clean-up frees it with the other nodes no live
 //! tensor refers to (`graph_release`'s module doc). `ASRT_GRAPH_JOIN=0` turns it off (for A/B
 //! runs; read once per process).
+//!
+//! Why one node and not a tree of small ones (as before): a merge points a merged graph's
+//! origin at the graph it joined, but not the nodes the merged graph had absorbed in an
+//! earlier merge. After a tree's second level, each parameter outside the root's own graph
+//! still pointed at its first-level graph, emptied by the second merge, so its first use in
+//! the forward met two graphs again and, in about half the cases, moved the whole forward graph
+//! into the emptied one. perf on the 0.6B preset's structure still put 37 % of the training
+//! thread's own work in those merges with the tree (bench/RESULTS.md, 2026-11-30, night).
 //!
 //! Invariants: the gradients are the same bits with and without it (tested); a module without
 //! a trainable parameter is left alone.
@@ -35,8 +44,11 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::Tensor;
 
-/// Parents per join node.
-const FAN: usize = 8;
+/// Parents of one join node: more than the 0.6B preset's forward's parameters (985), so that its
+/// parameters are joined in one merge (the module's doc says why a tree is worse). Unused
+/// parents repeat the first, which adds no graph; the arrays cost 16 KiB for a node that lives
+/// until the forward's first operation.
+pub const PARENTS: usize = 2048;
 
 /// Joins the graphs of `module`'s trainable parameters into one (see the module), unless
 /// `ASRT_GRAPH_JOIN=0`. On an autodiff backend other than the trainer's it does nothing.
@@ -69,7 +81,7 @@ pub fn join_visited<B: AutodiffBackend>(visit: impl FnOnce(&mut Params<B>)) {
             if std::any::TypeId::of::<B>() == std::any::TypeId::of::<Autodiff<$inner>>() {
                 let tensors: Vec<FloatTensor<Autodiff<$inner>>> =
                     tensors.into_iter().filter_map(|t| downcast(t)).collect();
-                join_on::<$inner, ()>(tensors, ());
+                join_on::<$inner, (), PARENTS>(tensors, ());
                 return;
             }
         };
@@ -98,12 +110,17 @@ fn downcast<P: 'static, T: 'static>(p: P) -> Option<T> {
     (Box::new(p) as Box<dyn Any>).downcast::<T>().ok().map(|b| *b)
 }
 
-/// The tree of join nodes over `tensors`, level by level, each node's output dropped once the
-/// level above holds it as a parent. Each node keeps a clone of `state` (`()`; the tests count
-/// a token's clones to see the nodes freed).
-fn join_on<X: Backend, S: JoinState>(mut tensors: Vec<FloatTensor<Autodiff<X>>>, state: S) {
+/// The join nodes over `tensors`, `N` parents each: one node for at most `N` tensors, else a
+/// tree, level by level, each node's output dropped once the level above holds it as a parent.
+/// Each node keeps a clone of `state` (`()`; the tests count a token's clones to see the nodes
+/// freed).
+fn join_on<X: Backend, S: JoinState, const N: usize>(
+    mut tensors: Vec<FloatTensor<Autodiff<X>>>,
+    state: S,
+) {
     while tensors.len() > 1 {
-        tensors = tensors.chunks(FAN).map(|chunk| join_node(chunk, state.clone())).collect();
+        tensors =
+            tensors.chunks(N).map(|chunk| join_node::<X, S, N>(chunk, state.clone())).collect();
     }
 }
 
@@ -111,13 +128,13 @@ fn join_on<X: Backend, S: JoinState>(mut tensors: Vec<FloatTensor<Autodiff<X>>>,
 trait JoinState: Clone + Send + std::fmt::Debug + 'static {}
 impl<S: Clone + Send + std::fmt::Debug + 'static> JoinState for S {}
 
-/// One join node over `chunk` (at most [`FAN`] tensors; a shorter chunk repeats its first as
-/// the missing parents, which adds no graph).
-fn join_node<X: Backend, S: JoinState>(
+/// One join node over `chunk` (at most `N` tensors; a shorter chunk repeats its first as the
+/// missing parents, which adds no graph).
+fn join_node<X: Backend, S: JoinState, const N: usize>(
     chunk: &[FloatTensor<Autodiff<X>>],
     state: S,
 ) -> FloatTensor<Autodiff<X>> {
-    let parents = std::array::from_fn(|i| chunk.get(i).unwrap_or(&chunk[0]).node.clone());
+    let parents: [_; N] = std::array::from_fn(|i| chunk.get(i).unwrap_or(&chunk[0]).node.clone());
     let value: FloatTensor<X> = chunk[0].primitive.clone();
     match Join::<S>(PhantomData).prepare::<NoCheckpointing>(parents).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(state, value),
@@ -130,10 +147,10 @@ fn join_node<X: Backend, S: JoinState>(
 #[derive(Debug)]
 struct Join<S>(PhantomData<S>);
 
-impl<X: Backend, S: JoinState> Backward<X, FAN> for Join<S> {
+impl<X: Backend, S: JoinState, const N: usize> Backward<X, N> for Join<S> {
     type State = S;
 
-    fn backward(self, ops: Ops<S, FAN>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<S, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<X>(&ops.node);
         if let Some(first) = &ops.parents[0] {
             grads.register::<X>(first.id, dy);
@@ -207,9 +224,26 @@ mod tests {
         let token = std::sync::Arc::new(());
         let mut params = Params::<B> { tensors: Vec::new() };
         model.visit(&mut params);
-        join_on::<NdArray, _>(params.tensors, token.clone());
-        // 22 parameters: 3 + 1 join nodes, each keeping a clone until the backward's clean-up.
+        join_on::<NdArray, _, 8>(params.tensors, token.clone());
+        // 22 parameters, 8 to a node: 3 + 1 join nodes, each keeping a clone until the
+        // backward's clean-up.
         assert_eq!(std::sync::Arc::strong_count(&token), 5);
+        let mut x = Tensor::<B, 2>::ones([1, 5], &Default::default());
+        for layer in &model.layers {
+            x = layer.forward(x);
+        }
+        drop(x.sum().backward());
+        assert_eq!(std::sync::Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn joins_a_model_s_parameters_in_one_node() {
+        let model = net();
+        let token = std::sync::Arc::new(());
+        let mut params = Params::<B> { tensors: Vec::new() };
+        model.visit(&mut params);
+        join_on::<NdArray, _, PARENTS>(params.tensors, token.clone());
+        assert_eq!(std::sync::Arc::strong_count(&token), 2);
         let mut x = Tensor::<B, 2>::ones([1, 5], &Default::default());
         for layer in &model.layers {
             x = layer.forward(x);

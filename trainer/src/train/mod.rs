@@ -976,6 +976,25 @@ mod tests {
         assert_eq!(got.len(), want.len(), "each joined once");
     }
 
+    /// The 0.6B preset's forward (24 layers; the widths do not change the count) has fewer
+    /// parameters than one join node takes, so they are joined in one merge (graph_join's
+    /// module doc says why a tree of nodes leaves merges in the forward).
+    #[test]
+    fn the_0_6b_preset_s_forward_joins_in_one_node() {
+        let cfg = TrainConfig::from_toml(
+            "preset = \"parakeet-tdt-0.6b\"\n[model.encoder]\nd_model = 16\nn_heads = 2\n\
+             ff_dim = 16\nsubsampling_conv_channels = 4\n[model.decoder]\npred_hidden = 8\n\
+             [model.joint]\njoint_hidden = 8\n",
+        )
+        .expect("config");
+        assert_eq!(cfg.model.encoder.n_layers, 24);
+        let model = TdtModel::<Ad>::new(&cfg.model, 16, 5, &Default::default());
+        let mut joined = Ids(vec![]);
+        visit_forward(&model, &mut joined);
+        let n = joined.0.len();
+        assert!((800..=graph_join::PARENTS).contains(&n), "{n} parameters joined");
+    }
+
     /// [`Trainer::encoder_surrogate`] (`asrt-bench train-step --part encoder`, the encoder
     /// measured against PyTorch's): its loss is the mean square of the encoder's output,
     /// recomputed here from the public pieces (the mel front end, `TdtModel::encode`) and summed
