@@ -135,5 +135,5 @@ Run it on the GPU machine with the device tool (scripts/gpu/run.sh's header give
   call 1, carry ["gpu-kit/bin", "gpu-kit/data", "gpu-kit/reference", "gpu-kit/commit"] ($(mib "$call1") MiB):
     bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
   call 2 at once, carry ["gpu-kit/perf.tar.xz"] ($(mib $(( tree_b + perf_b ))) MiB):
-    bash scripts/gpu/run.sh --only hp,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
+    bash scripts/gpu/run.sh --only hp,xl,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
 TXT

@@ -19,12 +19,12 @@
 # finds call 1's binaries where they were). Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only hp,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only hp,xl,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
 # On an H200 (2026-11-30 evening) the steps took: env 6 s, g 2, cg 52, d 93, dw 36, e 30, mm 24
 # (five kernels), dm 76, hp 41, mb 21, bm 82, ma 5, dc 35, ds 36; dk about as dm, dj as dw; so
 # an alternated step about 4 x 36 s, and its variant's compiling run besides. Call 1 about
-# 450 s, call 2 about 400 s with db (the second call's budget cuts it: its order is hp, xj, xk,
-# db; db is bm with the default products, cuBLAS's on CUDA, so it needs no mb).
+# 450 s; call 2's budget cuts it (hp, xl and xj take about 330 s; then xk and db: db is bm with
+# the default products, cuBLAS's on CUDA, so it needs no mb).
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
@@ -70,6 +70,8 @@
 #   xu   dw and du alternated, a b a b (du's kernels compiled first, unmeasured), each of steps
 #        3-6 of du's runs over the same step of dw's beside it: one configuration's runs spread
 #        about 10 %, so a single pair ranks nothing closer (check.py train-ab)
+#   xl   the same for the loss read before the backward is queued (ASRT_LOSS_READ=forward;
+#        the default queues the backward first, one wait for the device fewer a micro-batch)
 #   xj   the same for dj (ASRT_GRAPH_JOIN=0)
 #   xk   the same for dk (--matmul burn)
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
@@ -501,10 +503,12 @@ alternate() {
     env $envs bash -c '"$0" "$@"' warm_run "${name}b$r" "$train_dev" "$@" || return $?
   done
 }
-# The alternated A/Bs of the default (dw) against: --fusion off (xu), no graph join (xj), Burn's
-# product (xk).
+# The alternated A/Bs of the default (dw) against: --fusion off (xu), the loss read before the
+# backward is queued (xl), no graph join (xj), Burn's product (xk).
 step_xu() { alternate xu 1 "" --fusion off; }
 check_xu() { py train-ab "$1" "$logs/xu.log" "$work" xu "--fusion off"; }
+step_xl() { alternate xl 0 "ASRT_LOSS_READ=forward"; }
+check_xl() { py train-ab "$1" "$logs/xl.log" "$work" xl "ASRT_LOSS_READ=forward"; }
 step_xj() { alternate xj 0 "ASRT_GRAPH_JOIN=0"; }
 check_xj() { py train-ab "$1" "$logs/xj.log" "$work" xj "ASRT_GRAPH_JOIN=0"; }
 step_xk() { alternate xk 1 "" --matmul burn; }
@@ -818,7 +822,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run alternate step_xu step_xj step_xk big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run alternate step_xu step_xl step_xj step_xk big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -840,6 +844,7 @@ run_step hp 120 step_hp
 # e before the other variants of d: d's warm run over e's is the headline figure.
 run_step e 400 step_e
 run_step xu 420 step_xu
+run_step xl 300 step_xl
 run_step xj 300 step_xj
 run_step xk 420 step_xk
 run_step mm 330 step_mm

@@ -1,15 +1,17 @@
 //! The device's memory pool as CubeCL keeps it (wgpu, CUDA): its largest buffer, what it holds,
-//! and what a training step holds on the device, read from the pool at the
-//! step's synchronisation points: after a micro-batch's loss is read (the forward's
-//! activations), after its backward (the gradients) and after the update.
+//! and what a training step holds on the device, read from the pool after a micro-batch's
+//! forward is queued (the forward's activations; [`MemoryWatch::sample_queued`]), after its
+//! backward (the gradients) and after the update.
 //!
 //! Why: nvidia-smi gives one figure, the pool's footprint plus the context. On an H200 the 0.6B
 //! preset peaked at 46,399 MiB against PyTorch's 21,156 (bench/RESULTS.md, "The step on the
 //! device"); what the step's live buffers hold at each phase, against what the pool keeps
 //! reserved for reuse, says whether that is tensors (which ones, by phase) or the pool.
 //!
-//! Invariants: sampling adds no synchronisation (each point follows a read or a `sync` the step
-//! does anyway) and reads only the pool's counters; the figures are the calling thread's stream
+//! Invariants: sampling adds no wait for the device (the gradients' and the update's points
+//! follow a `sync` the step does anyway; the forward's waits only for fusion's thread to hand
+//! on what was queued, since CubeCL allocates an operation's outputs when it is launched, not
+//! when it runs) and reads only the pool's counters; the figures are the calling thread's stream
 //! (CubeCL keeps one pool per stream, and a rank trains on one thread); they are samples, not
 //! the peak between them, which only the pool could record.
 
@@ -19,7 +21,7 @@ use serde::{Deserialize, Serialize};
 /// (a joint computed in parts reads its loss inside the parts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceMemory {
-    /// In live buffers when a micro-batch's loss was read, the largest over the step's
+    /// In live buffers once a micro-batch's forward was queued, the largest over the step's
     /// micro-batches: the parameters, the optimizer's moments, the gradients accumulated so far
     /// and the forward's activations kept for backward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,7 +51,7 @@ impl DeviceMemory {
 /// Where in a step a sample is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
-    /// A micro-batch's loss was just read.
+    /// A micro-batch's forward was just queued (its loss not yet read).
     Forward,
     /// A micro-batch's backward finished.
     Gradients,
@@ -67,6 +69,21 @@ impl MemoryWatch {
     /// Records the pool of `device` at `phase`; nothing where the device has no CubeCL pool.
     pub fn sample<D: 'static>(&mut self, phase: Phase, device: &D) {
         if let Some((in_use, reserved)) = pool_usage(device) {
+            self.record(phase, in_use, reserved);
+        }
+    }
+
+    /// [`MemoryWatch::sample`] of backend `B`'s `device` once the operations this thread has
+    /// queued are launched (so allocated), without waiting for the device to run them: under
+    /// Burn's fusion the read runs on fusion's thread after it has handed this thread's queue
+    /// on to CubeCL's (`GlobalFusionClient::sync`); unfused, this thread's own launches are ahead
+    /// of the read in CubeCL's queue already.
+    pub fn sample_queued<B: burn::tensor::backend::Backend>(
+        &mut self,
+        phase: Phase,
+        device: &B::Device,
+    ) {
+        if let Some((in_use, reserved)) = pool_usage_queued::<B>(device) {
             self.record(phase, in_use, reserved);
         }
     }
@@ -120,6 +137,31 @@ pub fn pool_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
         .ok()
         .map(|u| (u.bytes_in_use, u.bytes_reserved)));
     None
+}
+
+/// [`pool_usage`] once the operations queued on this thread are launched (see
+/// [`MemoryWatch::sample_queued`]).
+pub fn pool_usage_queued<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+) -> Option<(u64, u64)> {
+    #[allow(unused_macros)]
+    macro_rules! through_fusion {
+        ($inner:ty, $device:ty) => {
+            if std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn_fusion::Fusion<$inner>>()
+            {
+                let d = (device as &dyn std::any::Any).downcast_ref::<$device>()?.clone();
+                let client = burn_fusion::client::GlobalFusionClient::<
+                    <$inner as burn_fusion::FusionBackend>::FusionRuntime,
+                >::load(&d);
+                return client.sync(move || pool_usage(&d));
+            }
+        };
+    }
+    #[cfg(feature = "wgpu")]
+    through_fusion!(burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice);
+    #[cfg(feature = "cuda")]
+    through_fusion!(burn::backend::Cuda, burn::backend::cuda::CudaDevice);
+    pool_usage(device)
 }
 
 /// The largest buffer `device` allocates, in bytes, where it is a CubeCL device (wgpu, CUDA):

@@ -606,13 +606,26 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             return self.fused_gradients(e, batch, part, divisor);
         }
         let loss = self.whole_loss(e, batch)?;
-        let value: f32 = loss.clone().into_scalar().elem();
-        // Reading the loss waited for the forward: its activations are all live here.
-        self.memory.sample(device_memory::Phase::Forward, &self.device);
+        // Every forward operation launched, so allocated: its activations are all live here.
+        self.memory.sample_queued::<B::InnerBackend>(device_memory::Phase::Forward, &self.device);
+        if read_loss_first() {
+            let value: f32 = loss.clone().into_scalar().elem();
+            if !value.is_finite() {
+                return Ok(None);
+            }
+            let grads = loss.div_scalar(divisor).backward();
+            return Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))));
+        }
+        // The backward is queued before the loss is read: reading it waits for the device, and
+        // a host that queues the step's operations no faster than the device runs them (an
+        // H200's 0.6B step, bench/RESULTS.md, 2026-11-30) would leave the device idle while it
+        // then queued the backward. A loss that is not finite costs a backward whose gradients
+        // are dropped, as the step is then skipped.
+        let grads = loss.clone().div_scalar(divisor).backward();
+        let value: f32 = loss.into_scalar().elem();
         if !value.is_finite() {
             return Ok(None);
         }
-        let grads = loss.div_scalar(divisor).backward();
         Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))))
     }
 
@@ -729,7 +742,8 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             audio_seconds += batch.seconds;
             utterances += batch.size() as u64;
             let Some((value, grads)) = result else {
-                // Not run backward: its graph would stay while the next micro-batch runs.
+                // Where the loss was read first, backward did not run, and its graph would stay
+                // while the next micro-batch runs (after a backward this finds nothing to free).
                 graph_release::release(&self.model);
                 non_finite = true;
                 continue;
@@ -925,6 +939,14 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             validation: None,
         })
     }
+}
+
+/// Whether a micro-batch's loss is read before its backward is queued (`ASRT_LOSS_READ=forward`,
+/// for A/B runs; read once per process) rather than after (the default): the same bits either
+/// way, one wait for the device fewer a micro-batch the default way.
+fn read_loss_first() -> bool {
+    static FIRST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(|| std::env::var("ASRT_LOSS_READ").as_deref() == Ok("forward"))
 }
 
 /// Shows `visitor` the parameters of a micro-batch's forward before the joint's largest tensor,

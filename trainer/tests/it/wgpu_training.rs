@@ -140,6 +140,73 @@ fn tiny_steps_on_wgpu_match_the_cpu_backend_with_and_without_fusion() {
     assert!(d_fused <= D_WGPU_FUSED, "wgpu against fused wgpu: {d_fused:.3e}");
 }
 
+/// Replaces every float parameter with NaN, each still a leaf that takes a gradient. (One
+/// parameter is not enough: the encoder's first convolution is followed by a ReLU, which turns
+/// NaN into 0.)
+struct Poison;
+
+impl<B: burn::tensor::backend::Backend> burn::module::ModuleMapper<B> for Poison {
+    fn map_float<const D: usize>(
+        &mut self,
+        p: burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<B, D>> {
+        let (id, value) = (p.id, p.val());
+        let nan = burn::tensor::Tensor::<B, D>::full(value.shape(), f32::NAN, &value.device());
+        burn::module::Param::initialized(id, nan.require_grad())
+    }
+}
+
+/// On the device path (fused wgpu, as `--device cuda:N` trains) a micro-batch's loss is read
+/// after its backward is queued (`ASRT_LOSS_READ` unset): a loss that is not finite must still
+/// leave that micro-batch out of the step and the step skipped with no parameter changed; the
+/// next step trains.
+#[test]
+fn a_micro_batch_whose_loss_is_not_finite_is_left_out_on_the_device_path() {
+    let _turn = crate::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let set = TrainingSet::open(&[DataSpec::new(crate::parallel::corpus(dir.path(), 8))]).unwrap();
+    let cfg = TrainConfig::from_toml(
+        "[model.encoder]\nn_layers = 1\n[sampler]\nmax_batch_seconds = 4.0\n",
+    )
+    .unwrap();
+    let vocab = set.tokenizer().0 as usize;
+    let batch =
+        |k: u32| assemble(&set, &[2 * k, 2 * k + 1], ShapePolicy::default(), AudioFormat::I16);
+    let mut t = Trainer::<Fused>::new(cfg.clone(), vocab, Default::default()).unwrap();
+    let healthy = t.model.clone();
+    t.model = t.model.clone().map(&mut Poison);
+    let before = {
+        let mut v = Values(Vec::new());
+        t.model.visit(&mut v);
+        v.0
+    };
+    let g = t.gradients_at(&[batch(0)], &[0], 1.0).unwrap();
+    assert!(
+        g.non_finite && g.finite == 0 && g.loss.is_nan(),
+        "{:?}",
+        (g.non_finite, g.finite, g.loss)
+    );
+    let (_, _, skipped) = t.apply(g);
+    assert!(skipped, "a step with no finite micro-batch is skipped");
+    let after = {
+        let mut v = Values(Vec::new());
+        t.model.visit(&mut v);
+        v.0
+    };
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(before.iter().zip(&after).all(|(a, b)| same(a, b)), "a parameter changed");
+    // From the healthy weights, after the skipped step: two finite micro-batches train.
+    t.model = healthy;
+    let g = t.gradients_at(&[batch(1), batch(2)], &[1, 2], 2.0).unwrap();
+    assert!(
+        !g.non_finite && g.finite == 2 && g.loss.is_finite(),
+        "{:?}",
+        (g.non_finite, g.finite, g.loss)
+    );
+    let (_, norm, skipped) = t.apply(g);
+    assert!(!skipped && norm.is_finite() && norm > 0.0, "norm {norm}, skipped {skipped}");
+}
+
 // Measured on lavapipe: 3.44e-4 between the CPU backend (whose TDT loss is float64) and wgpu,
 // 7.3e-7 between wgpu and fused wgpu (the same kernels for the loss and the products; fusion
 // only regroups element-wise work). The bounds are 4.4x and 4.8x those.
