@@ -494,13 +494,14 @@ alternate() {
   local name="$1" warmup="$2" envs="$3" r
   shift 3
   [ -f "$work/parakeet.toml" ] || { echo "$name runs after d (it reuses d's corpus, configuration and kernels)"; return 2; }
+  # variant RUN [ARGS...]: warm_run of the variant's run RUN, under its environment.
+  variant() { local run="$1"; shift; env $envs bash -c '"$0" "$@"' warm_run "$run" "$train_dev" "$@"; }
   if [ "$warmup" = 1 ] && [ "$dry" != 1 ]; then
-    env $envs "$bin/asrt" train "$work/long.asrcorpus" --config "$work/parakeet.toml" --out "$work/${name}b0-run" \
-      --device "$train_dev" --max-steps 6 --quiet "$@" || return $?
+    variant "${name}b0" --quiet "$@" || return $?
   fi
   for r in 1 2; do
     warm_run "${name}a$r" "$train_dev" || return $?
-    env $envs bash -c '"$0" "$@"' warm_run "${name}b$r" "$train_dev" "$@" || return $?
+    variant "${name}b$r" "$@" || return $?
   done
 }
 # The alternated A/Bs of the default (dw) against: --fusion off (xu), the loss read before the

@@ -608,21 +608,17 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let loss = self.whole_loss(e, batch)?;
         // Every forward operation launched, so allocated: its activations are all live here.
         self.memory.sample_queued::<B::InnerBackend>(device_memory::Phase::Forward, &self.device);
-        if read_loss_first() {
-            let value: f32 = loss.clone().into_scalar().elem();
-            if !value.is_finite() {
-                return Ok(None);
-            }
-            let grads = loss.div_scalar(divisor).backward();
-            return Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))));
+        // The backward is queued before the loss is read (unless `ASRT_LOSS_READ=forward`):
+        // reading it waits for the device, and a host that queues the step's operations no
+        // faster than the device runs them (an H200's 0.6B step, bench/RESULTS.md, 2026-11-30)
+        // would leave the device idle while it then queued the backward. A loss that is not
+        // finite costs a backward whose gradients are dropped, as the step is then skipped.
+        let first: Option<f32> = read_loss_first().then(|| loss.clone().into_scalar().elem());
+        if first.is_some_and(|v| !v.is_finite()) {
+            return Ok(None);
         }
-        // The backward is queued before the loss is read: reading it waits for the device, and
-        // a host that queues the step's operations no faster than the device runs them (an
-        // H200's 0.6B step, bench/RESULTS.md, 2026-11-30) would leave the device idle while it
-        // then queued the backward. A loss that is not finite costs a backward whose gradients
-        // are dropped, as the step is then skipped.
         let grads = loss.clone().div_scalar(divisor).backward();
-        let value: f32 = loss.into_scalar().elem();
+        let value = first.unwrap_or_else(|| loss.into_scalar().elem());
         if !value.is_finite() {
             return Ok(None);
         }
