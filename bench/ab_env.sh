@@ -3,7 +3,8 @@
 # ASRT_GRAPH_JOIN, ...): VAR=0 against VAR=1 with one binary, alternated twice in one
 # invocation, on the 0.6B preset's structure (24 layers) at width 64 on DEVICE (default wgpu),
 # AB_STEPS steps (default 40) of 2 x 6 s utterances. Per run: the median step time from step 11
-# on (from step 6 when AB_STEPS is under 30), the last loss,
+# on (from step 6 when AB_STEPS is under 30), the last loss, the training thread's median wall
+# seconds by phase (asrt's `host_seconds`, where the build records them),
 # and where perf is present each host thread's CPU time per step over those steps, split into
 # work and spinning on CubeCL's task rings (scripts/gpu/host_profile.py); else the busiest
 # threads (scripts/gpu/threads.py). bench/RESULTS.md, 2026-11-29 (21:24) and 2026-11-30.
@@ -74,6 +75,10 @@ ms = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
 steps = [m["ranks"][0]["step_seconds"] for m in ms[skip:]]
 line = (f"{label}, round {rnd}: steps {skip + 1}-{len(ms)} median {statistics.median(steps):.4f} s, "
         f"loss at step {len(ms)} {ms[-1]['loss']:.4f}")
+# The training thread's wall time by phase (asrt's `host_seconds`), where the build records it.
+hs = [m["host_seconds"] for m in ms[skip:] if m.get("host_seconds")]
+if hs:
+    line += "; phases: " + ", ".join(f"{k} {statistics.median([h[k] for h in hs]):.4f}" for k in hs[0])
 if os.path.exists(f"{run}.report"):
     sys.path.insert(0, f"{repo}/scripts/gpu")
     from host_profile import summarise

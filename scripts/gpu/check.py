@@ -422,7 +422,8 @@ def check_train_big(rc, log, work, name="d"):
         figures["pool_largest_request_bytes"] = layout["largest_request_bytes"]
         pages = ", ".join(f"{p['pages']} x {fmt(p['page_bytes'])}" for p in taken if p["page_bytes"])
         pool_s += f"; pages: {pages or 'none'} (largest buffer asked {fmt(layout['largest_request_bytes'])})"
-    host_s = host_threads(work, name, figures)
+    host_s = host_phases(ms, figures)
+    host_s += host_threads(work, name, figures)
     host_s += matmul_fallbacks(log, figures)
     save(work, name, figures)
     mem_s = f"{mem:.0f} MiB" if mem is not None else "not read (no nvidia-smi)"
@@ -434,6 +435,22 @@ def check_train_big(rc, log, work, name="d"):
             f"{mfu_s}{host_s}")
 
 
+PHASES = ("forward", "backward", "loss_read", "device_check", "reduce", "norm", "update", "update_check")
+
+
+def host_phases(ms, figures):
+    """asrt's `host_seconds` (the training thread's wall time by phase: queuing, or waiting for
+    the device) over steps 3.. (2.. for fewer steps), each phase's median, as a sentence."""
+    steady = [m["host_seconds"] for m in (ms[2:] if len(ms) > 2 else ms[1:] or ms) if m.get("host_seconds")]
+    if not steady:
+        return ""
+    med = {k: statistics.median([h.get(k, 0.0) for h in steady]) for k in PHASES}
+    figures["host_seconds_median"] = med
+    shown = ", ".join(f"{k.replace('_', ' ')} {v:.3f}" for k, v in med.items() if v >= 0.0005)
+    waits = sum(med[k] for k in ("loss_read", "device_check", "norm", "update_check"))
+    return f"; training thread by phase (median s): {shown} (sum {sum(med.values()):.3f}, of it waits and reads {waits:.3f})"
+
+
 def check_train_ab(rc, log, work, name, variant):
     """run.sh's `alternate`: the default's runs NAMEa1, NAMEa2 and the variant's NAMEb1, NAMEb2,
     run a b a b. Each step from the third (the second allocates the pool's pages; a dry run's
@@ -441,12 +458,13 @@ def check_train_ab(rc, log, work, name, variant):
     run of its round: the same batch shape, minutes apart."""
     if rc != 0:
         return f"FAIL: exit {rc}; {tail(log)}"
-    runs, reserved = {}, {}
+    runs, reserved, phases = {}, {}, {"a": [], "b": []}
     for tag in ("a1", "b1", "a2", "b2"):
         ms = metrics(os.path.join(work, f"{name}{tag}-run", "metrics.jsonl"))
         if not ms:
             return f"FAIL: no metrics for {name}{tag}; {tail(log)}"
         runs[tag] = [m["ranks"][0]["step_seconds"] + m["ranks"][0]["wait_seconds"] for m in ms]
+        phases[tag[0]] += [m["host_seconds"] for m in ms[2:] if m.get("host_seconds")]
         pool = [m["device_memory"]["reserved_bytes"] for m in ms if m.get("device_memory")]
         if pool:
             reserved[tag[0]] = max(reserved.get(tag[0], 0), max(pool))
@@ -472,10 +490,22 @@ def check_train_ab(rc, log, work, name, variant):
     faster = sum(1 for x in ratios if x < 1)
     save(work, name, figures)
     each = "; ".join(f"round {i + 1}: " + ", ".join(f"{x:.3f}" for x in rr) for i, rr in enumerate(rounds))
+    # The training thread's time (asrt's `host_seconds`, steps 3..): queuing against waiting.
+    host_s = ""
+    if phases["a"] and phases["b"]:
+        waits = ("loss_read", "device_check", "norm", "update_check")
+        split = {}
+        for k, label in (("a", "default"), ("b", "variant")):
+            med = {p: statistics.median([h.get(p, 0.0) for h in phases[k]]) for p in PHASES}
+            split[label] = med
+        figures["host_seconds_median"] = split
+        host_s = "; training thread, queuing / waiting (median s): " + ", ".join(
+            f"{label} {sum(v for p, v in med.items() if p not in waits):.3f} / "
+            f"{sum(med[p] for p in waits):.3f}" for label, med in split.items())
     return (f"PASS: {variant} over the default, step by step from step {first + 1}: median "
             f"{figures['ratio_median']:.3f} ({each}); the variant faster in {faster} of {len(ratios)}; "
             f"median s/step: default {figures['default_median_step_seconds']:.3f}, "
-            f"variant {figures['variant_median_step_seconds']:.3f}{mem_s}")
+            f"variant {figures['variant_median_step_seconds']:.3f}{mem_s}{host_s}")
 
 
 def matmul_fallbacks(log, figures):

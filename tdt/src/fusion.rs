@@ -87,14 +87,42 @@ where
     B: FusionBackend,
     F: Fn([FloatTensor<B>; N]) -> [FloatTensor<B>; M] + Send + Sync + 'static,
 {
-    assert!(N > 0, "in_stream: an operation needs an input (its client and stream)");
-    let client = inputs[0].client.clone();
+    let run = move |ins: Vec<FloatTensor<B>>| match ins.try_into() {
+        Ok(ins) => run(ins).into(),
+        // `in_stream_vec` hands `run` one tensor per input given it.
+        Err(v) => unreachable!("{name}: {} inputs for {N}", v.len()),
+    };
+    match in_stream_vec::<B, _>(name, inputs.into(), outputs.into(), run).try_into() {
+        Ok(tensors) => tensors,
+        // `in_stream_vec` returns one tensor per declared output.
+        Err(v) => unreachable!("{name}: {} outputs for {M}", v.len()),
+    }
+}
+
+/// [`in_stream`] with as many inputs and outputs as the call has (a layout of a group of
+/// gradients, the views of an update's parameters): the same two ways, the same checks.
+pub fn in_stream_vec<B, F>(
+    name: &'static str,
+    inputs: Vec<FloatTensor<Fusion<B>>>,
+    outputs: Vec<Output>,
+    run: F,
+) -> Vec<FloatTensor<Fusion<B>>>
+where
+    B: FusionBackend,
+    F: Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync + 'static,
+{
+    let Some(client) = inputs.first().map(|t| t.client.clone()) else {
+        panic!("{name}: an operation needs an input (its client and stream)")
+    };
     if !queued() {
-        let results = run(inputs.map(|t| client.resolve_tensor_float::<B>(t)));
-        for (t, (dims, dtype)) in results.iter().zip(&outputs) {
-            check_output(name, t, dims, *dtype);
-        }
-        return results.map(|t| adopt::<B>(&client, t));
+        let results =
+            run(inputs.into_iter().map(|t| client.resolve_tensor_float::<B>(t)).collect());
+        check_outputs(
+            name,
+            &results,
+            outputs.iter().map(|(dims, dtype)| (dims.as_slice(), *dtype)),
+        );
+        return results.into_iter().map(|t| adopt::<B>(&client, t)).collect();
     }
     let streams = OperationStreams::with_inputs(inputs.iter());
     let outs: Vec<TensorIr> = outputs
@@ -103,44 +131,53 @@ where
         .collect();
     let ins: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
     let desc = CustomOpIr::new(name, &ins, &outs);
-    let op = InStream::<B, F, N, M> { desc: desc.clone(), run, _backend: PhantomData };
-    let tensors = client.register(streams, OperationIr::Custom(desc), op);
-    match tensors.try_into() {
-        Ok(tensors) => tensors,
-        // `register` returns one tensor per declared output.
-        Err(v) => unreachable!("fusion returned {} outputs for {M}", v.len()),
-    }
+    let op = InStream::<B, F> { desc: desc.clone(), run, _backend: PhantomData };
+    client.register(streams, OperationIr::Custom(desc), op)
 }
 
-/// [`in_stream`]'s queued operation.
-struct InStream<B, F, const N: usize, const M: usize> {
+/// [`in_stream_vec`]'s queued operation.
+struct InStream<B, F> {
     desc: CustomOpIr,
     run: F,
     // `fn() -> B`: the operation holds no `B`, and stays `Send + Sync` whatever `B` is.
     _backend: PhantomData<fn() -> B>,
 }
 
-impl<B, F, const N: usize, const M: usize> std::fmt::Debug for InStream<B, F, N, M> {
+impl<B, F> std::fmt::Debug for InStream<B, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InStream").field("desc", &self.desc).finish()
     }
 }
 
-impl<B, F, const N: usize, const M: usize> Operation<B::FusionRuntime> for InStream<B, F, N, M>
+impl<B, F> Operation<B::FusionRuntime> for InStream<B, F>
 where
     B: FusionBackend,
-    F: Fn([FloatTensor<B>; N]) -> [FloatTensor<B>; M] + Send + Sync + 'static,
+    F: Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync + 'static,
 {
     fn execute(
         &self,
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) {
-        let (ins, outs) = self.desc.as_fixed::<N, M>();
-        let inputs = ins.each_ref().map(|t| handles.get_float_tensor::<B>(t));
-        for (t, ir) in (self.run)(inputs).into_iter().zip(outs) {
-            check_output(&self.desc.id, &t, &ir.shape.to_vec(), ir.dtype);
+        let inputs = self.desc.inputs.iter().map(|t| handles.get_float_tensor::<B>(t)).collect();
+        let results = (self.run)(inputs);
+        let outs = &self.desc.outputs;
+        check_outputs(&self.desc.id, &results, outs.iter().map(|ir| (&ir.shape[..], ir.dtype)));
+        for (t, ir) in results.into_iter().zip(outs) {
             handles.register_float_tensor::<B>(&ir.id, t);
         }
+    }
+}
+
+/// Panics unless `results` are as many as `declared` and each has its declared shape and type:
+/// [`in_stream_vec`]'s caller declared them wrong.
+fn check_outputs<'a, T: TensorMetadata>(
+    name: &str,
+    results: &[T],
+    declared: impl ExactSizeIterator<Item = (&'a [usize], burn::tensor::DType)>,
+) {
+    assert_eq!(results.len(), declared.len(), "{name}: outputs given against declared");
+    for (t, (dims, dtype)) in results.iter().zip(declared) {
+        check_output(name, t, dims, dtype);
     }
 }
 

@@ -13,12 +13,18 @@
 //! device". The second gave every part a row of as many cubes as the group's longest part
 //! needed, most of them idle: 0.6 s a launch on lavapipe.)
 //!
-//! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare,
-//! with f32 tensors; `None` elsewhere, and the caller lays out in Burn's form. Under fusion the
-//! operation resolves its inputs and registers its output back.
+//! [`split`] is the inverse, for the parameters after their update: a flat tensor's pieces as
+//! views, each a slice and a reshape.
 //!
-//! Invariants: the parts are flat, in increasing order of their offsets, and do not overlap or
-//! pass the end; element `e` of the result is part `k`'s element `e - at_k` where a part covers
+//! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare,
+//! with f32 tensors; `None` elsewhere, and the caller lays out in Burn's form. Under fusion a
+//! layout or a split is one operation queued in fusion's stream (`in_stream_vec`). Until
+//! 2026-12-01 the layout resolved each input (a round trip to fusion's thread per tensor, about
+//! 2,000 a step at the 0.6B preset), and each part and each piece cost fusion a reshape or a
+//! slice and a reshape of its own.
+//!
+//! Invariants: each part is taken as its elements in row-major order, whatever its shape; the
+//! parts are in increasing order of their offsets, and do not overlap or pass the end; element `e` of the result is part `k`'s element `e - at_k` where a part covers
 //! it, else zero. Each group's launch writes `[its first offset (0 for the first), the next
 //! group's first offset (the end for the last))`, so the launches write every element once;
 //! within it part `k`'s cubes write from its offset (the group's first for `k = 0`) to the next
@@ -26,6 +32,7 @@
 //! the device binds less three (the output, the scalars and one spare), at most [`GROUP`]:
 //! wgpu's limit on storage buffers per shader can be as low as 8.
 
+use asr_tdt::fusion::in_stream_vec;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
@@ -34,8 +41,9 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
+use super::flat_adamw::views;
 use crate::model::device_op::{contiguous, cube_index, cubes, empty, on_cube_types, CUBE};
-use crate::model::host_depthwise::{cast, float};
+use crate::model::host_depthwise::cast;
 
 /// Most tensors one launch reads. Each distinct group size is its own compiled kernel; with
 /// 32, the 0.6B preset's ~900 gradients take about 30 launches.
@@ -90,11 +98,18 @@ pub fn lay_out_group(
 /// still gives a GPU enough cubes: about 1,600 for 26M elements.
 const PER_UNIT: usize = 64;
 
-/// The layout as one operation per group (see the module): the backends that have it.
+/// The layout as one operation per group (see the module), and its inverse as views: the
+/// backends that have them.
 pub trait DeviceLayout: Backend {
-    /// `parts` (flat f32 tensors with their offsets, see the module) in a new flat tensor of
-    /// `len` elements, zeros elsewhere.
+    /// `parts` (f32 tensors of any shape, each taken as its elements in row-major order, with
+    /// their offsets, see the module) in a new flat tensor of `len` elements, zeros elsewhere.
     fn lay_out(parts: Vec<(usize, FloatTensor<Self>)>, len: usize) -> FloatTensor<Self>;
+
+    /// Pieces of `flat` (one dimension): piece `k` its elements from `at_k` on, shaped `dims_k`
+    /// (`flat_adamw::views`).
+    fn split(flat: FloatTensor<Self>, pieces: Vec<(usize, Vec<usize>)>) -> Vec<FloatTensor<Self>> {
+        views::<Self>(flat, pieces)
+    }
 }
 
 impl<R, F, I, BT> DeviceLayout for CubeBackend<R, F, I, BT>
@@ -166,56 +181,98 @@ where
     }
 }
 
+/// Under fusion each call is one custom operation of fusion's stream ([`in_stream_vec`]): a
+/// layout or a split is queued after what produced its tensors, without a round trip to
+/// fusion's thread per tensor, and a split gives all its pieces in one operation, not a slice
+/// and a reshape each (about 2,000 operations a step at the 0.6B preset, each with its host
+/// cost on two threads; bench/RESULTS.md, 2026-12-01).
 impl<B> DeviceLayout for Fusion<B>
 where
     B: FusionBackend + DeviceLayout,
 {
     fn lay_out(parts: Vec<(usize, FloatTensor<Self>)>, len: usize) -> FloatTensor<Self> {
-        let Some((_, first)) = parts.first() else {
-            unreachable!("`on_device` lays out at least one tensor")
-        };
-        let client = first.client.clone();
-        let parts =
-            parts.into_iter().map(|(at, t)| (at, client.resolve_tensor_float::<B>(t))).collect();
-        asr_tdt::fusion::adopt::<B>(&client, B::lay_out(parts, len))
+        let (offsets, tensors): (Vec<usize>, Vec<_>) = parts.into_iter().unzip();
+        let out = vec![(vec![len], DType::F32)];
+        let mut laid = in_stream_vec::<B, _>("lay_out", tensors, out, move |tensors| {
+            vec![B::lay_out(offsets.iter().copied().zip(tensors).collect(), len)]
+        });
+        match laid.pop() {
+            Some(flat) => flat,
+            // `in_stream_vec` returns one tensor per declared output.
+            None => unreachable!("lay_out: no output"),
+        }
     }
-}
 
-/// The layout on the device.
-fn bare<B: DeviceLayout>(parts: Vec<(usize, Tensor<B, 1>)>, len: usize) -> Tensor<B, 1> {
-    let parts = parts.into_iter().map(|(at, t)| (at, float(t))).collect();
-    Tensor::from_primitive(TensorPrimitive::Float(B::lay_out(parts, len)))
+    fn split(flat: FloatTensor<Self>, pieces: Vec<(usize, Vec<usize>)>) -> Vec<FloatTensor<Self>> {
+        let dtype = flat.dtype();
+        let outs = pieces.iter().map(|(_, dims)| (dims.clone(), dtype)).collect();
+        in_stream_vec::<B, _>("split", vec![flat], outs, move |mut flat| match flat.pop() {
+            Some(flat) => B::split(flat, pieces.clone()),
+            // `in_stream_vec` hands over the one input it was given.
+            None => unreachable!("split: no input"),
+        })
+    }
 }
 
 /// `parts` placed at their offsets in a flat tensor of `len` elements, zeros elsewhere (see the
-/// module for what the parts must be), as one launch per group where the backend is one of the
-/// trainer's CubeCL types (bare), the tensors f32 and at least one not empty, and the offsets fit
-/// the kernel's 32-bit indices; `None` elsewhere.
-pub fn on_device<B: Backend>(parts: &[(usize, Tensor<B, 1>)], len: usize) -> Option<Tensor<B, 1>> {
+/// module for what the parts must be; each is taken as its elements, whatever its shape), as
+/// one launch per group where the backend is one of the trainer's CubeCL types (bare), the
+/// tensors f32 and at least one not empty, and the offsets fit the kernel's 32-bit indices;
+/// the parts given back elsewhere. The parts are moved, not cloned: under fusion a tensor
+/// whose last handle goes to the layout is freed by it, where a clone would leave its handle to
+/// be dropped after, one more operation of fusion's stream per tensor.
+pub fn on_device<B: Backend>(
+    parts: Vec<(usize, FloatTensor<B>)>,
+    len: usize,
+) -> Result<Tensor<B, 1>, Vec<(usize, FloatTensor<B>)>> {
+    let n = |t: &FloatTensor<B>| t.shape().num_elements();
     // An empty part adds nothing, and an empty buffer is not a valid binding on every device.
-    let parts: Vec<_> = parts.iter().filter(|(_, t)| t.dims()[0] > 0).cloned().collect();
-    if parts.is_empty()
+    let filled: Vec<_> = parts.iter().filter(|(_, t)| n(t) > 0).collect();
+    if filled.is_empty()
         || u32::try_from(len).is_err()
-        || parts.iter().any(|(_, t)| t.dtype() != DType::F32)
-        || parts.windows(2).any(|w| w[0].0 + w[0].1.dims()[0] > w[1].0)
-        || parts.last().is_some_and(|(at, t)| at + t.dims()[0] > len)
+        || filled.iter().any(|(_, t)| t.dtype() != DType::F32)
+        || filled.windows(2).any(|w| w[0].0 + n(&w[0].1) > w[1].0)
+        || filled.last().is_some_and(|(at, t)| at + n(t) > len)
     {
-        return None;
+        return Err(parts);
     }
-    on_cube_types!(B, T, { None }, {
+    on_cube_types!(B, T, { Err(parts) }, {
         let parts = parts
-            .iter()
-            .map(|(at, t)| Some((*at, cast::<_, Tensor<T, 1>>(t.clone())?)))
-            .collect::<Option<Vec<_>>>()?;
-        cast(bare::<T>(parts, len))
+            .into_iter()
+            .filter(|(_, t)| n(t) > 0)
+            .map(|(at, t)| {
+                (at, cast::<_, FloatTensor<T>>(t).unwrap_or_else(|| unreachable!("B is T")))
+            })
+            .collect();
+        let flat = Tensor::<T, 1>::from_primitive(TensorPrimitive::Float(T::lay_out(parts, len)));
+        Ok(cast(flat).unwrap_or_else(|| unreachable!("B is T")))
     });
-    None
+    Err(parts)
+}
+
+/// [`views`] of `flat`, as one operation where the backend is one of the trainer's CubeCL
+/// types under fusion (bare), else as a slice and a reshape each.
+pub fn split<B: Backend>(
+    flat: FloatTensor<B>,
+    pieces: Vec<(usize, Vec<usize>)>,
+) -> Vec<FloatTensor<B>> {
+    on_cube_types!(B, T, { views::<B>(flat, pieces) }, {
+        match cast::<_, FloatTensor<T>>(flat) {
+            Some(flat) => T::split(flat, pieces)
+                .into_iter()
+                .map(|t| cast(t).unwrap_or_else(|| unreachable!("B is T")))
+                .collect(),
+            None => unreachable!("B is T"),
+        }
+    });
+    views::<B>(flat, pieces)
 }
 
 #[cfg(test)]
 #[cfg(feature = "wgpu")]
 mod tests {
     use super::*;
+    use crate::model::host_depthwise::float;
 
     /// The layout against Burn's form (a zero fill and a slice assignment per part) on the same
     /// backend: more parts than a group, gaps before, between and after them, an empty part,
@@ -241,7 +298,22 @@ mod tests {
             at += n + if k % 7 == 0 { 1500 } else { k % 3 };
         }
         let len = at + 11;
-        let ours = on_device(&parts, len).expect("wgpu takes the device layout");
+        // Every fourth part of an even length laid out in two dimensions: a part is taken as
+        // its elements, whatever its shape.
+        let prims: Vec<_> = parts
+            .iter()
+            .enumerate()
+            .map(|(k, (at, t))| {
+                let n = t.dims()[0];
+                let t = if k % 4 == 1 && n % 2 == 0 && n > 0 {
+                    float(t.clone().reshape([n / 2, 2]))
+                } else {
+                    float(t.clone())
+                };
+                (*at, t)
+            })
+            .collect();
+        let ours = on_device::<B>(prims, len).unwrap_or_else(|_| panic!("wgpu takes the layout"));
         let theirs = parts
             .iter()
             .filter(|(_, p)| p.dims()[0] > 0)
@@ -259,13 +331,45 @@ mod tests {
         against_burn::<burn_fusion::Fusion<burn::backend::Wgpu>>();
     }
 
+    /// The split into views against Burn's narrow and reshape of each piece: pieces of one,
+    /// two and three dimensions, on and off CubeCL's alignment, gaps between them.
+    fn split_against_burn<B: Backend>() {
+        let device = Default::default();
+        let len = 3000;
+        let values: Vec<f32> = (0..len).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let flat = Tensor::<B, 1>::from_floats(values.as_slice(), &device);
+        let pieces = vec![
+            (0, vec![128]),
+            (128, vec![16, 8]),
+            (300, vec![5]),
+            (384, vec![2, 3, 7]),
+            (1024, vec![40, 49]),
+        ];
+        let got = split::<B>(float(flat.clone()), pieces.clone());
+        assert_eq!(got.len(), pieces.len());
+        for (t, (at, dims)) in got.into_iter().zip(pieces) {
+            let n: usize = dims.iter().product();
+            let want = flat.clone().narrow(0, at, n).into_data().into_vec::<f32>().unwrap();
+            assert_eq!(t.shape().to_vec(), dims);
+            let t = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t)).reshape([n]);
+            assert_eq!(t.into_data().into_vec::<f32>().unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn splits_into_views_as_burn_s_narrow_and_reshape_do_on_wgpu_with_and_without_fusion() {
+        split_against_burn::<burn::backend::Wgpu>();
+        split_against_burn::<burn_fusion::Fusion<burn::backend::Wgpu>>();
+        split_against_burn::<burn::backend::NdArray>();
+    }
+
     #[test]
     fn refuses_parts_that_overlap_or_pass_the_end() {
         type B = burn::backend::Wgpu;
         let device = Default::default();
-        let t = || Tensor::<B, 1>::ones([4], &device);
-        assert!(on_device(&[(0, t()), (3, t())], 8).is_none());
-        assert!(on_device(&[(5, t())], 8).is_none());
-        assert!(on_device::<B>(&[], 8).is_none());
+        let t = || float(Tensor::<B, 1>::ones([4], &device));
+        assert!(on_device::<B>(vec![(0, t()), (3, t())], 8).is_err());
+        assert!(on_device::<B>(vec![(5, t())], 8).is_err());
+        assert!(on_device::<B>(vec![], 8).is_err());
     }
 }

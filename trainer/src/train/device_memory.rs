@@ -8,13 +8,16 @@
 //! device"); what the step's live buffers hold at each phase, against what the pool keeps
 //! reserved for reuse, says whether that is tensors (which ones, by phase) or the pool.
 //!
-//! Invariants: sampling adds no wait for the device (the gradients' and the update's points
-//! follow a `sync` the step does anyway; the forward's waits only for fusion's thread to hand
-//! on what was queued, since CubeCL allocates an operation's outputs when it is launched, not
-//! when it runs) and reads only the pool's counters; the figures are the calling thread's stream
+//! Invariants: sampling adds no wait (the gradients' and the update's points follow a `sync`
+//! the step does anyway; the forward's is queued on CubeCL's device thread behind the forward's
+//! launches, since CubeCL allocates an operation's outputs when it is launched, not when it
+//! runs, and recorded after the next `sync`) and reads only the pool's counters; the figures are the calling thread's stream
 //! (CubeCL keeps one pool per stream, and a rank trains on one thread); they are samples, not
 //! the peak between them, which only the pool could record.
 
+use std::sync::{Arc, Mutex};
+
+use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// A step's device memory, in bytes (see the module); `None` where that point was not sampled
@@ -59,32 +62,55 @@ pub enum Phase {
     Update,
 }
 
+/// A pool reading queued on CubeCL's device thread ([`MemoryWatch::sample_queued`]): written
+/// there when the thread reaches it, read back after the step's next wait for the device.
+type Reading = Arc<Mutex<Option<(u64, u64)>>>;
+
 /// A step's samples, taken by [`MemoryWatch::take`] when the step's metrics are written.
 #[derive(Debug, Default)]
 pub struct MemoryWatch {
     step: Option<DeviceMemory>,
+    queued: Vec<(Phase, Reading)>,
 }
 
 impl MemoryWatch {
     /// Records the pool of `device` at `phase`; nothing where the device has no CubeCL pool.
+    /// Called after a wait for the device, it first records the queued samples
+    /// ([`MemoryWatch::collect`]).
     pub fn sample<D: 'static>(&mut self, phase: Phase, device: &D) {
+        self.collect();
         if let Some((in_use, reserved)) = pool_usage(device) {
             self.record(phase, in_use, reserved);
         }
     }
 
-    /// [`MemoryWatch::sample`] of backend `B`'s `device` once the operations this thread has
-    /// queued are launched (so allocated), without waiting for the device to run them: under
-    /// Burn's fusion the read runs on fusion's thread after it has handed this thread's queue
-    /// on to CubeCL's (`GlobalFusionClient::sync`); unfused, this thread's own launches are ahead
-    /// of the read in CubeCL's queue already.
-    pub fn sample_queued<B: burn::tensor::backend::Backend>(
-        &mut self,
-        phase: Phase,
-        device: &B::Device,
-    ) {
-        if let Some((in_use, reserved)) = pool_usage_queued::<B>(device) {
-            self.record(phase, in_use, reserved);
+    /// Queues a reading of the pool at `phase` behind the work this thread has queued on
+    /// `anchor`'s stream, without waiting for anything: CubeCL's device thread takes it once it
+    /// has launched (so allocated) that work, and [`MemoryWatch::collect`] records it after the
+    /// step's next wait for the device. Under Burn's fusion the reading is queued by an
+    /// operation of the stream (run on fusion's thread after what was queued before it);
+    /// unfused, this thread's launches are ahead of it in CubeCL's queue already. Nothing on
+    /// backends without a CubeCL pool.
+    ///
+    /// Why not a read here: one would wait for fusion's thread to hand on the queue and for
+    /// CubeCL's to launch it (until 2026-12-01, once per micro-batch), a point where the
+    /// training thread and the two behind it wait on each other.
+    pub fn sample_queued<B: Backend>(&mut self, phase: Phase, anchor: &Tensor<B, 1>) {
+        let reading = Reading::default();
+        if queue_pool_reading(anchor, reading.clone()) {
+            self.queued.push((phase, reading));
+        }
+    }
+
+    /// Records the queued readings CubeCL's device thread has taken: after a wait for the
+    /// device, all of them (a reading it has not reached then is dropped, never carried into
+    /// another step).
+    pub fn collect(&mut self) {
+        for (phase, reading) in std::mem::take(&mut self.queued) {
+            let taken = reading.lock().ok().and_then(|r| *r);
+            if let Some((in_use, reserved)) = taken {
+                self.record(phase, in_use, reserved);
+            }
         }
     }
 
@@ -102,6 +128,7 @@ impl MemoryWatch {
 
     /// The step's samples (`None` on a device without a CubeCL pool), starting the next step's.
     pub fn take(&mut self) -> Option<DeviceMemory> {
+        self.collect();
         self.step.take()
     }
 }
@@ -139,29 +166,62 @@ pub fn pool_usage<D: 'static>(device: &D) -> Option<(u64, u64)> {
     None
 }
 
-/// [`pool_usage`] once the operations queued on this thread are launched (see
-/// [`MemoryWatch::sample_queued`]).
-pub fn pool_usage_queued<B: burn::tensor::backend::Backend>(
-    device: &B::Device,
-) -> Option<(u64, u64)> {
+/// Queues a reading of the pool into `reading` behind the work queued on `anchor`'s stream (see
+/// [`MemoryWatch::sample_queued`]); false where `B` is not one of the trainer's CubeCL types.
+fn queue_pool_reading<B: Backend>(anchor: &Tensor<B, 1>, reading: Reading) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    use {
+        crate::model::host_depthwise::cast, asr_tdt::fusion::in_stream_vec,
+        burn::tensor::TensorMetadata, std::any::TypeId,
+    };
     #[allow(unused_macros)]
-    macro_rules! through_fusion {
-        ($inner:ty, $device:ty) => {
-            if std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn_fusion::Fusion<$inner>>()
-            {
-                let d = (device as &dyn std::any::Any).downcast_ref::<$device>()?.clone();
-                let client = burn_fusion::client::GlobalFusionClient::<
-                    <$inner as burn_fusion::FusionBackend>::FusionRuntime,
-                >::load(&d);
-                return client.sync(move || pool_usage(&d));
+    macro_rules! queue_on {
+        ($bare:ty, $runtime:ty) => {
+            if TypeId::of::<B>() == TypeId::of::<$bare>() {
+                let Some(t) = cast::<_, Tensor<$bare, 1>>(anchor.clone()) else { return false };
+                queue_reading::<$runtime>(&t.device(), reading);
+                return true;
+            }
+            if TypeId::of::<B>() == TypeId::of::<burn_fusion::Fusion<$bare>>() {
+                let Some(t) = cast::<_, Tensor<burn_fusion::Fusion<$bare>, 1>>(anchor.clone())
+                else {
+                    return false;
+                };
+                let t = t.into_primitive().tensor();
+                let out = vec![(t.shape().to_vec(), t.dtype())];
+                // The anchor passes through unchanged; its copy is dropped at once.
+                let _ = in_stream_vec::<$bare, _>("pool_reading", vec![t], out, move |ts| {
+                    if let Some(t) = ts.first() {
+                        queue_reading::<$runtime>(&t.device, reading.clone());
+                    }
+                    ts
+                });
+                return true;
             }
         };
     }
     #[cfg(feature = "wgpu")]
-    through_fusion!(burn::backend::Wgpu, burn::backend::wgpu::WgpuDevice);
+    queue_on!(burn::backend::Wgpu, burn::backend::wgpu::WgpuRuntime);
     #[cfg(feature = "cuda")]
-    through_fusion!(burn::backend::Cuda, burn::backend::cuda::CudaDevice);
-    pool_usage(device)
+    queue_on!(burn::backend::Cuda, burn_cubecl::cubecl::cuda::CudaRuntime);
+    let _ = (anchor, reading);
+    false
+}
+
+/// Queues on `device`'s CubeCL device thread, behind what was launched before on this
+/// thread's stream (fusion's thread runs each stream's operations as that stream), a reading of
+/// that stream's pool into `reading`.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn queue_reading<R: burn_cubecl::cubecl::Runtime>(device: &R::Device, reading: Reading) {
+    use burn_cubecl::cubecl::device_handle::DeviceHandle;
+    use burn_cubecl::cubecl::server::ComputeServer;
+    use burn_cubecl::cubecl::stream_id::StreamId;
+    let stream = StreamId::current();
+    DeviceHandle::<R::Server>::new(device.to_id()).submit(move |server| {
+        if let (Ok(u), Ok(mut r)) = (server.memory_usage(stream), reading.lock()) {
+            *r = Some((u.bytes_in_use, u.bytes_reserved));
+        }
+    });
 }
 
 /// The largest buffer `device` allocates, in bytes, where it is a CubeCL device (wgpu, CUDA):
@@ -205,6 +265,37 @@ mod tests {
         let mut w = MemoryWatch::default();
         w.sample(Phase::Forward, &burn::backend::ndarray::NdArrayDevice::Cpu);
         assert_eq!(w.take(), None);
+    }
+
+    /// A queued reading sees what was launched before it: a tensor queued first is in it, and
+    /// after the wait it equals a read of the pool then (nothing was launched in between);
+    /// fused and not.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn a_queued_reading_counts_what_was_queued_before_it_with_and_without_fusion() {
+        use burn::prelude::*;
+        fn check<B: Backend<Device = burn::backend::wgpu::WgpuDevice>>() {
+            let device = burn::backend::wgpu::WgpuDevice::default();
+            let _warm = Tensor::<B, 1>::zeros([16], &device).into_data();
+            let before = pool_usage(&device).expect("a wgpu device has a pool");
+            let n = 1 << 20;
+            let t = Tensor::<B, 1>::ones([n], &device) * 2.0;
+            let mut w = MemoryWatch::default();
+            w.sample_queued(Phase::Forward, &t);
+            let _ = B::sync(&device);
+            let now = pool_usage(&device).expect("pool");
+            let m = w.take().expect("a queued reading");
+            assert!(now.0 >= before.0 + 4 * n as u64, "in use {before:?} -> {now:?}");
+            assert_eq!(
+                m.forward_bytes,
+                Some(now.0),
+                "queued reading against a read after the wait"
+            );
+            assert_eq!(m.reserved_bytes, now.1);
+            drop(t);
+        }
+        check::<burn::backend::Wgpu>();
+        check::<burn_fusion::Fusion<burn::backend::Wgpu>>();
     }
 
     /// The pool's in-use count follows a tensor's bytes: up by at least its 4 MiB while it

@@ -10,7 +10,10 @@
 //! launch per group of up to 32 tensors, `device_layout`; elsewhere one copy per parameter
 //! each), takes the norm in one reduction per run and one read, and runs Burn's own `AdamW`
 //! once per run over the flat tensors; the new parameters are views of its result (narrowed and
-//! reshaped), without a copy where they sit on CubeCL's alignment ([`ALIGN`]).
+//! reshaped, one operation per run under fusion: `device_layout::split`), without a copy where
+//! they sit on CubeCL's alignment ([`ALIGN`]). The gradients and parameters go to the layout as
+//! they are shaped: a reshape of each to one dimension would be one more operation of fusion's
+//! stream per tensor, each step.
 //!
 //! Chunks: consecutive parameters fill a chunk of at most [`CHUNK_BYTES`], or of a sixteenth of
 //! the device's largest buffer where that is smaller ([`PAGE_FRACTION`]: a wgpu device binds at
@@ -43,7 +46,8 @@ use burn::optim::record::AdaptorRecord;
 use burn::optim::{AdamW, AdamWState, AdaptiveMomentumState, GradientsParams, SimpleOptimizer};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::DType;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorMetadata, TensorPrimitive};
 use hashbrown::HashMap;
 
 use super::adamw::{AdamWSettings, HostAdamW};
@@ -173,13 +177,42 @@ fn trainable<B: AutodiffBackend, M: Module<B>>(module: &M) -> Vec<(ParamId, usiz
 
 /// `t` flattened, in f32 (the flat tensors' type; the trainer's parameters and gradients are f32).
 fn flat<I: Backend, const D: usize>(t: Tensor<I, D>) -> Tensor<I, 1> {
-    let n = t.shape().num_elements();
-    let t = t.reshape([n]);
-    if t.dtype() == DType::F32 {
+    vector(elements(t))
+}
+
+/// `t` in f32, as a tensor of any shape, to be laid out as its elements ([`laid`]): no reshape
+/// of its own, which would be one more operation per parameter and gradient each step.
+fn elements<I: Backend, const D: usize>(t: Tensor<I, D>) -> FloatTensor<I> {
+    let t = if t.dtype() == DType::F32 { t } else { t.cast(DType::F32) };
+    t.into_primitive().tensor()
+}
+
+/// `t` as a tensor of one dimension (reshaped only where it has more).
+fn vector<I: Backend>(t: FloatTensor<I>) -> Tensor<I, 1> {
+    let shape = t.shape();
+    let t = if shape.num_dims() == 1 {
         t
     } else {
-        t.cast(DType::F32)
-    }
+        I::float_reshape(t, Shape::new([shape.num_elements()]))
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// Pieces of `flat` (one dimension), each a slice of it reshaped: piece `k` its elements from
+/// `at_k` on, shaped `dims_k`. A view without a copy where the backend's slice is one (on
+/// CubeCL, a piece that starts and ends on its alignment, [`ALIGN`]).
+pub(crate) fn views<B: Backend>(
+    flat: FloatTensor<B>,
+    pieces: Vec<(usize, Vec<usize>)>,
+) -> Vec<FloatTensor<B>> {
+    pieces
+        .into_iter()
+        .map(|(at, dims)| {
+            let n: usize = dims.iter().product();
+            let piece = B::float_slice(flat.clone(), &[burn::tensor::Slice::from(at..at + n)]);
+            B::float_reshape(piece, Shape::from(dims))
+        })
+        .collect()
 }
 
 /// Elements a slot starts on: 512 bytes, CubeCL's allocation alignment on CUDA (wgpu's is at
@@ -241,22 +274,25 @@ fn chunk_lens(slots: &[Slot]) -> Vec<usize> {
     lens
 }
 
-/// Tensors placed at their offsets in `len` elements, zeros elsewhere: none for a single tensor
-/// that fills them, one launch per group of them on the CubeCL backends (`device_layout`), else
-/// one fill and one copy each.
+/// Tensors (of any shape, each taken as its elements) placed at their offsets in `len`
+/// elements, zeros elsewhere: none for a single tensor that fills them, one operation per call
+/// on the CubeCL backends (`device_layout`, a launch per group of tensors), else one fill and
+/// one copy each.
 fn laid<I: Backend>(
-    mut parts: Vec<(usize, Tensor<I, 1>)>,
+    mut parts: Vec<(usize, FloatTensor<I>)>,
     len: usize,
     device: &I::Device,
 ) -> Tensor<I, 1> {
-    if parts.len() == 1 && parts[0].0 == 0 && parts[0].1.dims()[0] == len {
-        return parts.remove(0).1;
+    if parts.len() == 1 && parts[0].0 == 0 && parts[0].1.shape().num_elements() == len {
+        return vector(parts.remove(0).1);
     }
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(flat) = super::device_layout::on_device(&parts, len) {
-        return flat;
-    }
+    let parts = match super::device_layout::on_device(parts, len) {
+        Ok(flat) => return flat,
+        Err(parts) => parts,
+    };
     parts.into_iter().fold(Tensor::zeros([len], device), |out, (at, p)| {
+        let p = vector(p);
         let n = p.dims()[0];
         out.slice_assign(at..at + n, p)
     })
@@ -450,8 +486,8 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
         let mut parts: Vec<_> = lens.iter().map(|_| (Vec::new(), Vec::new())).collect();
         for (k, s) in kept.into_iter().zip(&slots) {
             if let Some((m, v)) = k {
-                parts[s.chunk].0.push((s.start, m));
-                parts[s.chunk].1.push((s.start, v));
+                parts[s.chunk].0.push((s.start, m.into_primitive().tensor()));
+                parts[s.chunk].1.push((s.start, v.into_primitive().tensor()));
             }
         }
         // Moments not kept start at zero, as Burn's do.
@@ -476,12 +512,12 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
         let Some(moments) = &self.moments else { return FlatGradients { runs: Vec::new() } };
         struct Take<'a, I: Backend> {
             grads: &'a mut GradientsParams,
-            out: Vec<Option<Tensor<I, 1>>>,
+            out: Vec<Option<FloatTensor<I>>>,
         }
         impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B::InnerBackend> {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
                 if param.val().is_require_grad() {
-                    self.out.push(self.grads.remove::<B::InnerBackend, D>(param.id).map(flat));
+                    self.out.push(self.grads.remove::<B::InnerBackend, D>(param.id).map(elements));
                 }
             }
         }
@@ -490,7 +526,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
         /// The run being gathered: its first slot and its gradients.
         struct Open<I: Backend> {
             first: usize,
-            parts: Vec<Tensor<I, 1>>,
+            parts: Vec<FloatTensor<I>>,
         }
         let slots = &moments.slots;
         let mut runs = Vec::new();
@@ -546,11 +582,12 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
         for (r, run) in grads.runs.iter().enumerate() {
             run_of[run.slots.clone()].iter_mut().for_each(|x| *x = Some(r));
         }
-        // Each run's parameters, laid out as its gradients.
+        // Each run's parameters, laid out as its gradients, and their shapes.
         struct Take<'a, I: Backend> {
             run_of: &'a [Option<usize>],
             k: usize,
-            parts: Vec<Vec<Tensor<I, 1>>>,
+            parts: Vec<Vec<FloatTensor<I>>>,
+            shapes: Vec<Vec<Vec<usize>>>,
         }
         impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B::InnerBackend> {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -559,7 +596,8 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                     return;
                 }
                 if let Some(&Some(r)) = self.run_of.get(self.k) {
-                    self.parts[r].push(flat(value.inner()));
+                    self.shapes[r].push(value.dims().to_vec());
+                    self.parts[r].push(elements(value.inner()));
                 }
                 self.k += 1;
             }
@@ -568,17 +606,20 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
             run_of: &run_of,
             k: 0,
             parts: grads.runs.iter().map(|_| Vec::new()).collect(),
+            shapes: grads.runs.iter().map(|_| Vec::new()).collect(),
         };
         module.visit(&mut take);
+        let Take { parts, shapes, .. } = take;
         // Chunk by chunk, so that a chunk's old moments are dropped before the next's update.
         let old = std::mem::take(&mut moments.m).into_iter().zip(std::mem::take(&mut moments.v));
-        let mut runs = grads.runs.into_iter().zip(take.parts).peekable();
-        let mut updated = Vec::new();
+        let mut runs = grads.runs.into_iter().zip(parts.into_iter().zip(shapes)).peekable();
+        // The new value of each trainable parameter with a gradient, by its place among them.
+        let mut new_values: Vec<Option<FloatTensor<B::InnerBackend>>> = vec![None; slots.len()];
         for (c, (m, v)) in old.enumerate() {
             // The chunk's length is its moments'.
             let len = m.dims()[0];
             let mut chunk = ChunkUpdate { old: Some((m, v)), m: Vec::new(), v: Vec::new(), at: 0 };
-            while let Some((run, params)) = runs.next_if(|(r, _)| r.chunk == c) {
+            while let Some((run, (params, shapes))) = runs.next_if(|(r, _)| r.chunk == c) {
                 let e = run.elements(slots);
                 let params = slots[run.slots.clone()]
                     .iter()
@@ -623,20 +664,31 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                 chunk.v.push(v);
                 chunk.at = e.end;
                 slots[run.slots.clone()].iter_mut().for_each(|s| s.time = time);
-                updated.push((e.start, p));
+                // The run's parameters: views of its result, in one operation under fusion.
+                let pieces = slots[run.slots.clone()]
+                    .iter()
+                    .zip(shapes)
+                    .map(|(s, dims)| (s.start - e.start, dims))
+                    .collect();
+                let p = p.into_primitive().tensor();
+                #[cfg(any(feature = "wgpu", feature = "cuda"))]
+                let views = super::device_layout::split::<B::InnerBackend>(p, pieces);
+                #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+                let views = views::<B::InnerBackend>(p, pieces);
+                for (slot, view) in new_values[run.slots.clone()].iter_mut().zip(views) {
+                    *slot = Some(view);
+                }
             }
             let (m, v) = chunk.finish(len);
             moments.m.push(m);
             moments.v.push(v);
         }
-        // The new parameters: views of their run's result.
-        struct Put<'a, I: Backend> {
-            run_of: &'a [Option<usize>],
-            slots: &'a [Slot],
-            updated: &'a [(usize, Tensor<I, 1>)],
+        // The new parameters.
+        struct Put<I: Backend> {
+            new_values: Vec<Option<FloatTensor<I>>>,
             k: usize,
         }
-        impl<B: AutodiffBackend> ModuleMapper<B> for Put<'_, B::InnerBackend> {
+        impl<B: AutodiffBackend> ModuleMapper<B> for Put<B::InnerBackend> {
             fn map_float<const D: usize>(
                 &mut self,
                 param: Param<Tensor<B, D>>,
@@ -647,21 +699,18 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                 }
                 let k = self.k;
                 self.k += 1;
-                let (Some(&Some(r)), Some(s)) = (self.run_of.get(k), self.slots.get(k)) else {
+                let Some(new) = self.new_values.get_mut(k).and_then(Option::take) else {
                     return Param::from_mapped_value(id, value, mapper);
                 };
-                let Some((first, p)) = self.updated.get(r) else {
-                    return Param::from_mapped_value(id, value, mapper);
-                };
-                let dims: [usize; D] = value.dims();
-                let mut new = p.clone().narrow(0, s.start - first, s.len).reshape(dims);
+                let mut new =
+                    Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(new));
                 if new.dtype() != value.dtype() {
                     new = new.cast(value.dtype());
                 }
                 Param::from_mapped_value(id, Tensor::from_inner(new).require_grad(), mapper)
             }
         }
-        module.map(&mut Put { run_of: &run_of, slots, updated: &updated, k: 0 })
+        module.map(&mut Put { new_values, k: 0 })
     }
 }
 

@@ -54,6 +54,10 @@ pub struct StepMetrics {
     /// on the devices with a CubeCL pool (wgpu, CUDA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_memory: Option<super::device_memory::DeviceMemory>,
+    /// This rank's training thread's wall seconds in the step by phase: queuing work for the
+    /// device, and waiting for it (rank 0's in the log; [`super::host_time`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_seconds: Option<super::host_time::HostSeconds>,
     /// Validation results, on steps that validated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation: Option<serde_json::Value>,

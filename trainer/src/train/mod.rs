@@ -30,6 +30,7 @@ pub mod grads;
 pub mod graph_join;
 pub mod graph_release;
 pub mod host_joint;
+pub mod host_time;
 pub mod kernel_limit;
 pub mod metrics;
 pub mod optimizer;
@@ -363,6 +364,8 @@ pub struct Trainer<B: AutodiffBackend + TdtBackend> {
     grad_norms: Option<grad_norms::GradNormLog>,
     /// The device memory of the step under way ([`device_memory`]).
     memory: device_memory::MemoryWatch,
+    /// The step under way's wall time on this thread by phase ([`host_time`]).
+    host: host_time::HostSeconds,
 }
 
 /// A batch encoded up to the joint (see [`Trainer::encode_batch`]).
@@ -428,6 +431,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             largest_fit: None,
             grad_norms: grad_norms::GradNormLog::from_env(),
             memory: device_memory::MemoryWatch::default(),
+            host: host_time::HostSeconds::default(),
         })
     }
 
@@ -592,6 +596,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             m.preprocessor.features,
             m.encoder.subsampling_conv_channels,
         )?;
+        let mut lap = host_time::Lap::start();
         let e = self.encode_batch(batch, true)?;
         if self.joint_on_host() {
             let rnnt = self.loss.next_branch();
@@ -599,30 +604,39 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             let x = e.joint_inputs(batch);
             let out =
                 host_joint::host_joint_gradients(&self.model, layer, &self.loss, x, rnnt, divisor)?;
+            lap.to(&mut self.host.forward);
             return Ok(out);
         }
         let part = self.joint_part(&e, self.cfg.train.fused_batch_size)?;
         if part < batch.size() {
-            return self.fused_gradients(e, batch, part, divisor);
+            let out = self.fused_gradients(e, batch, part, divisor)?;
+            lap.to(&mut self.host.forward);
+            return Ok(out);
         }
         let loss = self.whole_loss(e, batch)?;
         // Every forward operation launched, so allocated: its activations are all live here.
-        self.memory.sample_queued::<B::InnerBackend>(device_memory::Phase::Forward, &self.device);
+        self.memory.sample_queued(device_memory::Phase::Forward, &loss.clone().inner());
+        lap.to(&mut self.host.forward);
         // The backward is queued before the loss is read (unless `ASRT_LOSS_READ=forward`):
         // reading it waits for the device, and a host that queues the step's operations no
         // faster than the device runs them (an H200's 0.6B step, bench/RESULTS.md, 2026-11-30)
         // would leave the device idle while it then queued the backward. A loss that is not
         // finite costs a backward whose gradients are dropped, as the step is then skipped.
         let first: Option<f32> = read_loss_first().then(|| loss.clone().into_scalar().elem());
+        lap.to(&mut self.host.loss_read);
         if first.is_some_and(|v| !v.is_finite()) {
             return Ok(None);
         }
         let grads = loss.clone().div_scalar(divisor).backward();
+        lap.to(&mut self.host.backward);
         let value = first.unwrap_or_else(|| loss.into_scalar().elem());
+        lap.to(&mut self.host.loss_read);
         if !value.is_finite() {
             return Ok(None);
         }
-        Ok(Some((f64::from(value), GradientsParams::from_grads(grads, &self.model))))
+        let grads = GradientsParams::from_grads(grads, &self.model);
+        lap.to(&mut self.host.backward);
+        Ok(Some((f64::from(value), grads)))
     }
 
     /// Waits for the device to finish micro-batch `slot` and turns what it reports into an error
@@ -733,7 +747,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                     Ok(result) => result?,
                     Err(failure) => return Err(self.device_error(batch, slot, failure)),
                 };
+            let mut lap = host_time::Lap::start();
             self.check_device(batch, slot)?;
+            lap.to(&mut self.host.device_check);
             self.micro += 1;
             audio_seconds += batch.seconds;
             utterances += batch.size() as u64;
@@ -747,6 +763,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             loss_sum += value;
             finite += 1;
             accum.accumulate(&self.model, grads);
+            lap.to(&mut self.host.backward);
         }
         Ok(StepGradients {
             grads: accum.grads(),
@@ -790,7 +807,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let (non_finite, loss) = (g.non_finite, g.loss);
         let loss_scale = &mut self.loss_scale;
         let mut verdict = Verdict::NonFinite;
+        let begun = std::time::Instant::now();
+        // When the norm was read (the update is queued after it).
+        let mut read = None;
         let decide = |raw: f64| {
+            read = Some(std::time::Instant::now());
             let norm = raw / scale;
             let finite = !(non_finite || !norm.is_finite() || loss.is_nan());
             verdict = match loss_scale {
@@ -808,6 +829,9 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         };
         let (model, raw) = self.optim.apply(self.model.clone(), g.grads, &self.device, decide);
         self.model = model;
+        let read = read.unwrap_or_else(std::time::Instant::now);
+        self.host.norm += read.duration_since(begun).as_secs_f64();
+        self.host.update += read.elapsed().as_secs_f64();
         let norm = raw / scale;
         let skip = verdict != Verdict::Apply;
         match verdict {
@@ -862,12 +886,15 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         B::InnerBackend: parallel::DeviceAllReduce,
     {
         let started = std::time::Instant::now();
+        self.host = host_time::HostSeconds::default();
         let batches = step.batches;
         let g = self.gradients_at(batches, step.slots, step.divisor as f64)?;
         let mine_utterances = g.utterances;
         let mine_seconds = g.audio_seconds;
         let node = self.node_transport.as_deref_mut();
+        let mut lap = host_time::Lap::start();
         let g = parallel::reduce(&self.model, g, coll, &self.device, step.peers, node)?;
+        lap.to(&mut self.host.reduce);
         if self.grad_norms.is_some() && coll.rank() == 0 {
             let norms = grad_norms::by_path(&self.model, &g.grads, self.scale());
             if let Some(log) = &mut self.grad_norms {
@@ -880,10 +907,12 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         let loss_non_finite = g.non_finite;
         let loss_scale = self.loss_scale.map(|s| s.scale);
         let (lr, grad_norm, skipped) = self.apply(g);
+        let mut lap = host_time::Lap::start();
         crate::device_failure::check::<B>(&self.device).map_err(|failure| TrainError::Device {
             during: format!("the optimizer update of step {}", self.step - 1),
             failure,
         })?;
+        lap.to(&mut self.host.update_check);
         self.memory.sample(device_memory::Phase::Update, &self.device);
         let (model, _) = parallel::sync_buffers(self.model.clone(), coll)?;
         self.model = model;
@@ -932,6 +961,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             world_size: coll.world() as u32,
             ranks,
             device_memory: self.memory.take(),
+            host_seconds: Some(self.host),
             validation: None,
         })
     }
