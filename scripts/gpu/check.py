@@ -464,7 +464,8 @@ def check_train_ab(rc, log, work, name, variant):
         if not ms:
             return f"FAIL: no metrics for {name}{tag}; {tail(log)}"
         runs[tag] = [m["ranks"][0]["step_seconds"] + m["ranks"][0]["wait_seconds"] for m in ms]
-        phases[tag[0]] += [m["host_seconds"] for m in ms[2:] if m.get("host_seconds")]
+        phases[tag[0]] += [m["host_seconds"] for m in (ms[2:] if len(ms) > 2 else ms[1:])
+                           if m.get("host_seconds")]
         pool = [m["device_memory"]["reserved_bytes"] for m in ms if m.get("device_memory")]
         if pool:
             reserved[tag[0]] = max(reserved.get(tag[0], 0), max(pool))
