@@ -11,9 +11,9 @@
 //! Invariants: sampling adds no wait (the gradients' and the update's points follow a `sync`
 //! the step does anyway; the forward's is queued on CubeCL's device thread behind the forward's
 //! launches, since CubeCL allocates an operation's outputs when it is launched, not when it
-//! runs, and recorded after the next `sync`) and reads only the pool's counters; the figures are the calling thread's stream
-//! (CubeCL keeps one pool per stream, and a rank trains on one thread); they are samples, not
-//! the peak between them, which only the pool could record.
+//! runs, and recorded after the next `sync`) and reads only the pool's counters; the figures
+//! are the calling thread's stream (CubeCL keeps one pool per stream, and a rank trains on one
+//! thread); they are samples, not the peak between them, which only the pool could record.
 
 use std::sync::{Arc, Mutex};
 
