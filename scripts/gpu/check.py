@@ -436,18 +436,30 @@ def check_train_big(rc, log, work, name="d"):
 
 
 PHASES = ("forward", "backward", "loss_read", "device_check", "reduce", "norm", "update", "update_check")
+# The phases in which the training thread waits for the device (`norm` lays out the gradients first).
+WAITS = ("loss_read", "device_check", "norm", "update_check")
+
+
+def steady_phases(ms):
+    """asrt's `host_seconds` (the training thread's wall time by phase: queuing, or waiting for
+    the device) of steps 3.. (2.. for fewer steps)."""
+    return [m["host_seconds"] for m in (ms[2:] if len(ms) > 2 else ms[1:] or ms) if m.get("host_seconds")]
+
+
+def phase_medians(hs):
+    """Each phase's median over the steps' `host_seconds` `hs`."""
+    return {k: statistics.median([h.get(k, 0.0) for h in hs]) for k in PHASES}
 
 
 def host_phases(ms, figures):
-    """asrt's `host_seconds` (the training thread's wall time by phase: queuing, or waiting for
-    the device) over steps 3.. (2.. for fewer steps), each phase's median, as a sentence."""
-    steady = [m["host_seconds"] for m in (ms[2:] if len(ms) > 2 else ms[1:] or ms) if m.get("host_seconds")]
+    """The steady steps' phase medians (`steady_phases`), into `figures`, as a sentence."""
+    steady = steady_phases(ms)
     if not steady:
         return ""
-    med = {k: statistics.median([h.get(k, 0.0) for h in steady]) for k in PHASES}
+    med = phase_medians(steady)
     figures["host_seconds_median"] = med
     shown = ", ".join(f"{k.replace('_', ' ')} {v:.3f}" for k, v in med.items() if v >= 0.0005)
-    waits = sum(med[k] for k in ("loss_read", "device_check", "norm", "update_check"))
+    waits = sum(med[k] for k in WAITS)
     return f"; training thread by phase (median s): {shown} (sum {sum(med.values()):.3f}, of it waits and reads {waits:.3f})"
 
 
@@ -464,8 +476,7 @@ def check_train_ab(rc, log, work, name, variant):
         if not ms:
             return f"FAIL: no metrics for {name}{tag}; {tail(log)}"
         runs[tag] = [m["ranks"][0]["step_seconds"] + m["ranks"][0]["wait_seconds"] for m in ms]
-        phases[tag[0]] += [m["host_seconds"] for m in (ms[2:] if len(ms) > 2 else ms[1:])
-                           if m.get("host_seconds")]
+        phases[tag[0]] += steady_phases(ms)
         pool = [m["device_memory"]["reserved_bytes"] for m in ms if m.get("device_memory")]
         if pool:
             reserved[tag[0]] = max(reserved.get(tag[0], 0), max(pool))
@@ -494,15 +505,11 @@ def check_train_ab(rc, log, work, name, variant):
     # The training thread's time (asrt's `host_seconds`, steps 3..): queuing against waiting.
     host_s = ""
     if phases["a"] and phases["b"]:
-        waits = ("loss_read", "device_check", "norm", "update_check")
-        split = {}
-        for k, label in (("a", "default"), ("b", "variant")):
-            med = {p: statistics.median([h.get(p, 0.0) for h in phases[k]]) for p in PHASES}
-            split[label] = med
+        split = {"default": phase_medians(phases["a"]), "variant": phase_medians(phases["b"])}
         figures["host_seconds_median"] = split
         host_s = "; training thread, queuing / waiting (median s): " + ", ".join(
-            f"{label} {sum(v for p, v in med.items() if p not in waits):.3f} / "
-            f"{sum(med[p] for p in waits):.3f}" for label, med in split.items())
+            f"{label} {sum(v for p, v in med.items() if p not in WAITS):.3f} / "
+            f"{sum(med[p] for p in WAITS):.3f}" for label, med in split.items())
     return (f"PASS: {variant} over the default, step by step from step {first + 1}: median "
             f"{figures['ratio_median']:.3f} ({each}); the variant faster in {faster} of {len(ratios)}; "
             f"median s/step: default {figures['default_median_step_seconds']:.3f}, "

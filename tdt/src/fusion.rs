@@ -177,18 +177,13 @@ fn check_outputs<'a, T: TensorMetadata>(
 ) {
     assert_eq!(results.len(), declared.len(), "{name}: outputs given against declared");
     for (t, (dims, dtype)) in results.iter().zip(declared) {
-        check_output(name, t, dims, dtype);
+        let shape = t.shape().to_vec();
+        assert!(
+            shape == dims && t.dtype() == dtype,
+            "{name}: an output is {shape:?} {:?}, declared {dims:?} {dtype:?}",
+            t.dtype()
+        );
     }
-}
-
-/// Panics unless `t` has the declared shape and type: [`in_stream`]'s caller declared them wrong.
-fn check_output<T: TensorMetadata>(name: &str, t: &T, dims: &[usize], dtype: burn::tensor::DType) {
-    let shape = t.shape().to_vec();
-    assert!(
-        shape == dims && t.dtype() == dtype,
-        "{name}: an output is {shape:?} {:?}, declared {dims:?} {dtype:?}",
-        t.dtype()
-    );
 }
 
 /// Whether [`in_stream`] queues its operations in fusion's stream: unless `ASRT_FUSION_QUEUE` is

@@ -215,6 +215,18 @@ pub(crate) fn views<B: Backend>(
         .collect()
 }
 
+/// [`views`] of `flat`: one operation under fusion on the CubeCL backends
+/// (`device_layout::split`), else a slice and a reshape each.
+fn split<I: Backend>(
+    flat: FloatTensor<I>,
+    pieces: Vec<(usize, Vec<usize>)>,
+) -> Vec<FloatTensor<I>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return super::device_layout::split::<I>(flat, pieces);
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    views::<I>(flat, pieces)
+}
+
 /// Elements a slot starts on: 512 bytes, CubeCL's allocation alignment on CUDA (wgpu's is at
 /// most that). CubeCL copies a slice that does not start and end on its alignment; so laid out
 /// this way, a parameter whose size is a multiple of it (nearly all of the 0.6B preset's) is a
@@ -670,11 +682,7 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                     .zip(shapes)
                     .map(|(s, dims)| (s.start - e.start, dims))
                     .collect();
-                let p = p.into_primitive().tensor();
-                #[cfg(any(feature = "wgpu", feature = "cuda"))]
-                let views = super::device_layout::split::<B::InnerBackend>(p, pieces);
-                #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-                let views = views::<B::InnerBackend>(p, pieces);
+                let views = split::<B::InnerBackend>(p.into_primitive().tensor(), pieces);
                 for (slot, view) in new_values[run.slots.clone()].iter_mut().zip(views) {
                     *slot = Some(view);
                 }

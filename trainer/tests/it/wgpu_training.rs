@@ -28,13 +28,17 @@ impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Value
     }
 }
 
+/// `module`'s float parameters' values ([`Values`]).
+fn values<B: burn::tensor::backend::Backend, M: Module<B>>(module: &M) -> Vec<Vec<f32>> {
+    let mut v = Values(Vec::new());
+    module.visit(&mut v);
+    v.0
+}
+
 fn initial_weights<B: burn::tensor::backend::Backend>(seed: u64) -> Vec<Vec<f32>> {
     let mut cfg = asr_trainer::ModelConfig::tiny();
     cfg.encoder.n_layers = 1;
-    let model = asr_trainer::TdtModel::<B>::new(&cfg, 40, seed, &Default::default());
-    let mut v = Values(Vec::new());
-    model.visit(&mut v);
-    v.0
+    values(&asr_trainer::TdtModel::<B>::new(&cfg, 40, seed, &Default::default()))
 }
 
 /// One seed is one model on every backend: each backend draws from its own generator (the GPU
@@ -174,11 +178,7 @@ fn a_micro_batch_whose_loss_is_not_finite_is_left_out_on_the_device_path() {
     let mut t = Trainer::<Fused>::new(cfg.clone(), vocab, Default::default()).unwrap();
     let healthy = t.model.clone();
     t.model = t.model.clone().map(&mut Poison);
-    let before = {
-        let mut v = Values(Vec::new());
-        t.model.visit(&mut v);
-        v.0
-    };
+    let before = values(&t.model);
     let g = t.gradients_at(&[batch(0)], &[0], 1.0).unwrap();
     assert!(
         g.non_finite && g.finite == 0 && g.loss.is_nan(),
@@ -187,11 +187,7 @@ fn a_micro_batch_whose_loss_is_not_finite_is_left_out_on_the_device_path() {
     );
     let (_, _, skipped) = t.apply(g);
     assert!(skipped, "a step with no finite micro-batch is skipped");
-    let after = {
-        let mut v = Values(Vec::new());
-        t.model.visit(&mut v);
-        v.0
-    };
+    let after = values(&t.model);
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(before.iter().zip(&after).all(|(a, b)| same(a, b)), "a parameter changed");
     // From the healthy weights, after the skipped step: two finite micro-batches train.
