@@ -30,7 +30,7 @@ use super::device_op::{
 use super::device_sum::DeviceSum;
 use super::host_depthwise::{cast, float};
 
-/// One unit per element of `y` `[rows, cols]`: `y = x + b[column]`.
+/// One unit per element of `y` `[.., cols]`: `y = x + b[column]`.
 #[cube(launch)]
 pub fn bias_add(x: &Array<f32>, b: &Array<f32>, y: &mut Array<f32>, cols: u32, units: u32) {
     let pos = unit_index();
@@ -41,7 +41,7 @@ pub fn bias_add(x: &Array<f32>, b: &Array<f32>, y: &mut Array<f32>, cols: u32, u
 
 /// The bias added as one kernel: the backends that have it.
 pub trait DeviceBias: DeviceSum {
-    /// `x` `[rows, cols]` plus `b` `[cols]` on every row.
+    /// `x` `[.., cols]` plus `b` `[cols]` on every row (the leading axes are the rows).
     fn bias_add(x: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
@@ -66,7 +66,7 @@ where
                 x.into_array_arg(),
                 b.into_array_arg(),
                 y.clone().into_array_arg(),
-                dims[1] as u32,
+                dims.last().copied().unwrap_or(1) as u32,
                 units as u32,
             );
         }
@@ -108,10 +108,10 @@ impl<B: DeviceBias> DeviceBackward<B, 2> for BiasAdd {
     }
 }
 
-/// The bias's gradient: the rows of `dy` `[rows, cols]` summed, `[cols]`.
+/// The bias's gradient: the rows of `dy` `[.., cols]` summed, `[cols]`, one operation.
 fn bias_grad<B: DeviceBias>(dy: FloatTensor<B>) -> FloatTensor<B> {
-    let cols = dy.shape()[1];
-    B::float_reshape(B::sum_axis(dy, 0, false), [cols].into())
+    let cols = dy.shape().as_slice().last().copied().unwrap_or(1);
+    B::sum_rows(dy, vec![cols])
 }
 
 impl<B: DeviceBias> DeviceOp<B, 2> for BiasAdd {
@@ -120,54 +120,46 @@ impl<B: DeviceBias> DeviceOp<B, 2> for BiasAdd {
     }
 }
 
-/// `x` `[rows, cols]` plus `b` `[cols]` on every row, as one operation where the backend is one
+/// `x` `[.., cols]` plus `b` `[cols]` on every row, as one operation where the backend is one
 /// of the trainer's CubeCL types (bare or under autodiff) and the tensors are f32; `None`
 /// elsewhere.
-pub fn on_device<B: Backend>(x: &Tensor<B, 2>, b: &Tensor<B, 1>) -> Option<Tensor<B, 2>> {
-    if x.dims()[1] != b.dims()[0] || x.dtype() != DType::F32 || b.dtype() != DType::F32 {
+pub fn on_device<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
+    b: &Tensor<B, 1>,
+) -> Option<Tensor<B, D>> {
+    if D == 0
+        || x.dims()[D - 1] != b.dims()[0]
+        || x.dtype() != DType::F32
+        || b.dtype() != DType::F32
+    {
         return None;
     }
-    on_cube_types!(B, T, { cast(tracked::<T>(cast(x.clone())?, cast(b.clone())?)) }, {
-        cast(bare::<T>(cast(x.clone())?, cast(b.clone())?))
+    on_cube_types!(B, T, { cast(tracked::<T, D>(cast(x.clone())?, cast(b.clone())?)) }, {
+        cast(bare::<T, D>(cast(x.clone())?, cast(b.clone())?))
     });
     None
 }
 
-/// A linear layer in f32, `x · w + b` (`w` `[in, out]`, Burn's layout; the product with the
-/// chosen kernel, `device_matmul`), the bias added by this
-/// operation, where [`on_device`] takes the tensors (checked before the product is computed);
+/// A linear layer in f32, `x [.., in] · w + b` (`w` `[in, out]`, Burn's layout): the product
+/// with the chosen kernel as one operation (`device_matmul::matmul`), the bias added by this
+/// one, where [`on_device`] takes the tensors (checked before the product is computed);
 /// `None` elsewhere.
-pub fn linear<B: Backend>(
-    x: &Tensor<B, 2>,
+pub fn linear<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
     w: &Tensor<B, 2>,
     b: &Tensor<B, 1>,
-) -> Option<Tensor<B, 2>> {
-    if x.dims()[1] != w.dims()[0]
-        || w.dims()[1] != b.dims()[0]
-        || [x.dtype(), w.dtype(), b.dtype()].iter().any(|d| *d != DType::F32)
-    {
+) -> Option<Tensor<B, D>> {
+    if w.dims()[1] != b.dims()[0] || b.dtype() != DType::F32 {
         return None;
     }
-    on_cube_types!(
-        B,
-        T,
-        {
-            let (x, w) = (cast::<_, Tensor<Autodiff<T>, 2>>(x.clone())?, cast(w.clone())?);
-            cast(tracked::<T>(super::device_matmul::matmul(x, w), cast(b.clone())?))
-        },
-        {
-            let (x, w) = (cast::<_, Tensor<T, 2>>(x.clone())?, cast(w.clone())?);
-            cast(bare::<T>(super::device_matmul::matmul(x, w), cast(b.clone())?))
-        }
-    );
-    None
+    on_device(&super::device_matmul::matmul(x, w)?, b)
 }
 
 /// The addition under autodiff: one node with the rows and the bias as parents.
-fn tracked<B: DeviceBias>(
-    x: Tensor<Autodiff<B>, 2>,
+fn tracked<B: DeviceBias, const D: usize>(
+    x: Tensor<Autodiff<B>, D>,
     b: Tensor<Autodiff<B>, 1>,
-) -> Tensor<Autodiff<B>, 2> {
+) -> Tensor<Autodiff<B>, D> {
     Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(
         BiasAdd,
         [float(x), float(b)],
@@ -175,7 +167,7 @@ fn tracked<B: DeviceBias>(
 }
 
 /// The addition without autodiff (evaluation).
-fn bare<B: DeviceBias>(x: Tensor<B, 2>, b: Tensor<B, 1>) -> Tensor<B, 2> {
+fn bare<B: DeviceBias, const D: usize>(x: Tensor<B, D>, b: Tensor<B, 1>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(B::bias_add(float(x), float(b))))
 }
 
@@ -236,6 +228,41 @@ mod tests {
                 / scale
         };
         [f64::from(difference(y, y0)), f64::from(difference(dx, dx0)), error(db), error(db0)]
+    }
+
+    /// Rows with leading axes, `[3, 50, 7]`: the output and both gradients are those of the
+    /// same rows as `[150, 7]`, bit for bit (the same kernels over the same memory), bare and
+    /// fused.
+    #[test]
+    fn leading_axes_are_rows() {
+        fn check<B: DeviceBias>() {
+            let device = Default::default();
+            type A<B> = Autodiff<B>;
+            let random = |dims: [usize; 3]| {
+                Tensor::<B, 3>::random(dims, Distribution::Normal(0.0, 1.0), &device)
+            };
+            let (x, w) = (random([3, 50, 7]), random([3, 50, 7]));
+            let b = Tensor::<B, 1>::random([7], Distribution::Normal(0.0, 1.0), &device);
+            let values = |t: Tensor<B, 1>| t.into_data().into_vec::<f32>().unwrap();
+            let flat = |t: Tensor<B, 3>| values(t.reshape([3 * 50 * 7]));
+            let ba = Tensor::<A<B>, 1>::from_inner(b.clone()).require_grad();
+            let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
+            let y = on_device(&xa, &ba).expect("wgpu takes the device addition");
+            let grads = (y.clone() * Tensor::from_inner(w.clone())).sum().backward();
+            let (dx, db) = (xa.grad(&grads).unwrap(), ba.grad(&grads).unwrap());
+            let ba = Tensor::<A<B>, 1>::from_inner(b.clone()).require_grad();
+            let xa = Tensor::<A<B>, 2>::from_inner(x.clone().reshape([150, 7])).require_grad();
+            let y2 = on_device(&xa, &ba).unwrap();
+            let grads = (y2.clone() * Tensor::from_inner(w.reshape([150, 7]))).sum().backward();
+            let (dx2, db2) = (xa.grad(&grads).unwrap(), ba.grad(&grads).unwrap());
+            assert_eq!(y.dims(), [3, 50, 7]);
+            assert_eq!(flat(y.clone().inner()), values(y2.inner().reshape([150 * 7])));
+            assert_eq!(flat(dx), values(dx2.reshape([150 * 7])));
+            assert_eq!(values(db), values(db2));
+            assert_eq!(flat(on_device(&x, &b).unwrap()), flat(y.inner()), "bare");
+        }
+        check::<burn::backend::Wgpu>();
+        check::<Fusion<burn::backend::Wgpu>>();
     }
 
     #[test]

@@ -203,9 +203,8 @@ impl Swap {
         dy: FloatTensor<B>,
     ) -> (FloatTensor<B>, FloatTensor<B>) {
         let dx = self.input_grad::<B>(dy);
-        let [a, p, q, r] = self.view;
-        let rows = B::float_reshape(dx.clone(), [a * p, q * r].into());
-        let db = B::float_reshape(B::sum_axis(rows, 0, false), [q, r].into());
+        let [_, _, q, r] = self.view;
+        let db = B::sum_rows(dx.clone(), vec![q, r]);
         (dx, db)
     }
 }

@@ -12,8 +12,13 @@
 //! H200; the 0.6B step 0.205 s against 0.290 s); Burn's product elsewhere.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
-//! under autodiff, with f32 tensors, where a kernel other than [`Kernel::Burn`] is chosen;
-//! Burn's `matmul` elsewhere. A kernel the device cannot run (CMMA on lavapipe, TMA before
+//! under autodiff, with f32 tensors, whatever the kernel ([`Kernel::Burn`] is the inner
+//! backend's `float_matmul` inside the operation); Burn's `matmul` elsewhere. The input may
+//! have leading axes (`[B, T, in]`): the operation views them as rows itself, and transposes
+//! the operands of the gradients itself, so that under fusion each of the three products is
+//! one operation of its stream with no reshape or transposition beside it
+//! ([`DeviceMatmul::linear_product`]; they were 1,570 of the 0.6B step's 7,116 operations,
+//! bench/RESULTS.md, 2026-12-01). A kernel the device cannot run (CMMA on lavapipe, TMA before
 //! Hopper, TMA on rows not a multiple of 16 bytes) falls back to Burn's product for that product,
 //! saying so once per product and weight shape. Mixed precision's products of two matrices take
 //! the chosen kernel too, on operands already rounded to the half type ([`chosen_product`]).
@@ -130,6 +135,48 @@ pub struct Site {
     pub weight: [usize; 2],
 }
 
+/// Which of a linear layer's three products, `y [.., out] = x [.., in] · w [in, out]` and its
+/// gradients: the leading axes of `x` and of `dy` are the product's rows, viewed as a matrix
+/// inside the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `x [.., in] · w`, `[.., out]`.
+    Forward,
+    /// `dy [.., out] · wᵀ`, `[.., in]`.
+    InputGradient,
+    /// `xᵀ · dy` over the rows of both, `[in, out]`.
+    WeightGradient,
+}
+
+impl Form {
+    /// The form's name in a fallback's warning.
+    pub fn name(self) -> &'static str {
+        match self {
+            Form::Forward => "forward",
+            Form::InputGradient => "input gradient",
+            Form::WeightGradient => "weight gradient",
+        }
+    }
+
+    /// The output's shape, and the weight's `[in, out]`, from the operands' shapes (`x` and
+    /// `w`, `dy` and `w`, or `x` and `dy`).
+    fn shapes(self, a: &[usize], b: &[usize]) -> (Vec<usize>, [usize; 2]) {
+        let last = |d: &[usize]| d.last().copied().unwrap_or(1);
+        let leading = |d: &[usize], n: usize| {
+            let mut d = d.to_vec();
+            if let Some(l) = d.last_mut() {
+                *l = n;
+            }
+            d
+        };
+        match self {
+            Form::Forward => (leading(a, b[1]), [b[0], b[1]]),
+            Form::InputGradient => (leading(a, b[0]), [b[0], b[1]]),
+            Form::WeightGradient => (vec![last(a), last(b)], [last(a), last(b)]),
+        }
+    }
+}
+
 /// Kernels and sites that failed to launch, each reported once.
 static REPORTED: Mutex<Vec<(Kernel, Site)>> = Mutex::new(Vec::new());
 
@@ -216,6 +263,38 @@ pub trait DeviceMatmul: Backend {
         }
     }
 
+    /// The linear layer's product of `form` (operands `x` and `w`, `dy` and `w`, or `x` and
+    /// `dy`; see [`Form`]) with `kernel`, else Burn's product (reporting why once per site).
+    /// The leading axes are flattened and the transposed operand is transposed here, on the
+    /// backend's tensors, where a contiguous tensor's reshape and any tensor's transposition
+    /// are views: under fusion the whole product is then one operation of its stream, not
+    /// five (two reshapes and two transpositions of the 0.6B step's linear layers were 1,570
+    /// of its 7,116 operations; bench/RESULTS.md, 2026-12-01).
+    fn linear_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        form: Form,
+        kernel: Kernel,
+    ) -> FloatTensor<Self> {
+        let (out, weight) = form.shapes(&a.shape(), &b.shape());
+        let site = Site { form: form.name(), weight };
+        let y = match form {
+            Form::Forward => Self::product(rows::<Self>(a), b, kernel, site),
+            Form::InputGradient => {
+                Self::product(rows::<Self>(a), Self::float_transpose(b), kernel, site)
+            }
+            Form::WeightGradient => {
+                let x = Self::float_transpose(rows::<Self>(a));
+                Self::product(x, rows::<Self>(b), kernel, site)
+            }
+        };
+        if y.shape().as_slice() == out.as_slice() {
+            y
+        } else {
+            Self::float_reshape(y, out.into())
+        }
+    }
+
     /// [`Self::try_product`], else Burn's product (reporting why once per site).
     fn product(
         a: FloatTensor<Self>,
@@ -225,6 +304,17 @@ pub trait DeviceMatmul: Backend {
     ) -> FloatTensor<Self> {
         try_reported::<Self>(&a, &b, kernel, site).unwrap_or_else(|| Self::float_matmul(a, b))
     }
+}
+
+/// `t` `[.., k]` as the matrix `[rows, k]` of its leading axes (itself where it is one).
+fn rows<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+    let dims = t.shape();
+    if dims.num_dims() == 2 {
+        return t;
+    }
+    let k = dims.as_slice().last().copied().unwrap_or(1);
+    let rows = dims.as_slice().iter().rev().skip(1).product::<usize>();
+    B::float_reshape(t, [rows, k].into())
 }
 
 /// [`DeviceMatmul::try_product`], or `None` where the kernel cannot run, said once per kernel
@@ -480,6 +570,22 @@ where
         y
     }
 
+    /// In fusion's stream, as [`Self::product`]: the flattening and the transposition are the
+    /// inner backend's, inside the one operation.
+    fn linear_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        form: Form,
+        kernel: Kernel,
+    ) -> FloatTensor<Self> {
+        let (out, _) = form.shapes(&a.shape, &b.shape);
+        let [y] =
+            in_stream::<B, _, 2, 1>("linear product", [a, b], [(out, DType::F32)], move |[a, b]| {
+                [B::linear_product(a, b, form, kernel)]
+            });
+        y
+    }
+
     /// In fusion's stream ([`in_stream`]): the inner backend's `product` falls back to its own
     /// `float_matmul` where the kernel cannot run, so nothing is left to fail and be returned
     /// here, and the 0.6B step's 1,316 products are not 1,316 round trips to fusion's thread
@@ -508,7 +614,8 @@ fn both<B: Backend, O: DeviceBackward<B, 2>>(
     op.backward_tracked(saved, dy, [true, true]).map(|g| g.expect("both asked for"))
 }
 
-/// The product with one kernel, as a [`DeviceOp`] of the input and the weight.
+/// A linear layer's product with one kernel, as a [`DeviceOp`] of the input `[.., in]` and the
+/// weight.
 #[derive(Debug, Clone, Copy)]
 struct Product(Kernel);
 
@@ -525,20 +632,15 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Product {
         dy: FloatTensor<B>,
         [want_x, want_w]: [bool; 2],
     ) -> [Option<FloatTensor<B>>; 2] {
-        let weight = w.shape().dims::<2>();
-        let site = |form| Site { form, weight };
-        let dx = want_x
-            .then(|| B::product(dy.clone(), B::float_transpose(w), self.0, site("input gradient")));
-        let dw =
-            want_w.then(|| B::product(B::float_transpose(x), dy, self.0, site("weight gradient")));
+        let dx = want_x.then(|| B::linear_product(dy.clone(), w, Form::InputGradient, self.0));
+        let dw = want_w.then(|| B::linear_product(x, dy, Form::WeightGradient, self.0));
         [dx, dw]
     }
 }
 
 impl<B: DeviceMatmul> DeviceOp<B, 2> for Product {
     fn forward(&self, [x, w]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, Self::Saved) {
-        let site = Site { form: "forward", weight: w.shape().dims::<2>() };
-        (B::product(x.clone(), w.clone(), self.0, site), (x, w))
+        (B::linear_product(x.clone(), w.clone(), Form::Forward, self.0), (x, w))
     }
 }
 
@@ -632,37 +734,40 @@ fn stacked_with<B: Backend>(
     None
 }
 
-/// `x [rows, in] · w [in, out]` with the [`chosen`] kernel where the backend is one of the
-/// trainer's CubeCL types (bare or under autodiff) and the tensors f32; Burn's `matmul`
-/// elsewhere and for [`Kernel::Burn`].
-pub fn matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
-    let kernel = chosen();
-    if kernel == Kernel::Burn || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
-        return x.matmul(w);
+/// `x [.., in] · w [in, out]`, `[.., out]`, with the [`chosen`] kernel (Burn's included) as one
+/// operation ([`DeviceMatmul::linear_product`]) where the backend is one of the trainer's
+/// CubeCL types (bare or under autodiff) and the tensors f32; `None` elsewhere, and the caller
+/// runs Burn's `matmul` on the flattened rows.
+pub fn matmul<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
+    w: &Tensor<B, 2>,
+) -> Option<Tensor<B, D>> {
+    if D < 2 || x.dtype() != DType::F32 || w.dtype() != DType::F32 || x.dims()[D - 1] != w.dims()[0]
+    {
+        return None;
     }
-    on_device(&x, &w, kernel).unwrap_or_else(|| x.matmul(w))
+    on_device(x, w, chosen())
 }
 
 /// The product with `kernel` on the CubeCL types; `None` elsewhere.
-fn on_device<B: Backend>(
-    x: &Tensor<B, 2>,
+fn on_device<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
     w: &Tensor<B, 2>,
     kernel: Kernel,
-) -> Option<Tensor<B, 2>> {
+) -> Option<Tensor<B, D>> {
     on_cube_types!(
         B,
         T,
         {
-            let x = cast::<_, Tensor<Autodiff<T>, 2>>(x.clone())?;
+            let x = cast::<_, Tensor<Autodiff<T>, D>>(x.clone())?;
             let w = cast::<_, Tensor<Autodiff<T>, 2>>(w.clone())?;
             let y = device_op::tracked(Product(kernel), [float(x), float(w)]);
-            cast(Tensor::<Autodiff<T>, 2>::from_primitive(TensorPrimitive::Float(y)))
+            cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(y)))
         },
         {
-            let (x, w) = (cast::<_, Tensor<T, 2>>(x.clone())?, cast::<_, Tensor<T, 2>>(w.clone())?);
-            let site = Site { form: "forward", weight: w.dims() };
-            let y = T::product(float(x), float(w), kernel, site);
-            cast(Tensor::<T, 2>::from_primitive(TensorPrimitive::Float(y)))
+            let (x, w) = (cast::<_, Tensor<T, D>>(x.clone())?, cast::<_, Tensor<T, 2>>(w.clone())?);
+            let y = T::linear_product(float(x), float(w), Form::Forward, kernel);
+            cast(Tensor::<T, D>::from_primitive(TensorPrimitive::Float(y)))
         }
     );
     None
@@ -782,6 +887,50 @@ mod tests {
         }
         check::<Autodiff<W>>();
         check::<Autodiff<Fusion<W>>>();
+    }
+
+    /// A linear layer's input with leading axes, `[2, 19, k]`, and Burn's kernel (which the
+    /// operation takes too): the product and both gradients against float64 over the
+    /// flattened rows, bare, under autodiff and fused. (That fusion's stream then holds no
+    /// reshape or transposition beside the products is counted by `bench/fusion_ops.sh`.)
+    #[test]
+    fn a_product_over_leading_axes_and_its_gradients_match_float64() {
+        fn check<B: burn::tensor::backend::AutodiffBackend>() -> f64 {
+            let device = Default::default();
+            let (lead, k, n) = ([2, 19], 45, 33);
+            let random = |dims: [usize; 3]| {
+                Tensor::<B, 3>::random(dims, Distribution::Uniform(-1.0, 1.0), &device)
+            };
+            let x = random([lead[0], lead[1], k]).require_grad();
+            let w = Tensor::<B, 2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device)
+                .require_grad();
+            let dy = random([lead[0], lead[1], n]);
+            let y = on_device(&x, &w, Kernel::Burn).expect("wgpu is a CubeCL type");
+            assert_eq!(y.dims(), [lead[0], lead[1], n]);
+            let grads = (y.clone() * dy.clone()).sum().backward();
+            let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+            assert_eq!(dx.dims(), [lead[0], lead[1], k]);
+            let flat = |t: Tensor<B::InnerBackend, 3>| {
+                let [a, b, c] = t.dims();
+                t.reshape([a * b, c])
+            };
+            let (x, w, dy) = (flat(x.inner()), w.inner(), flat(dy.inner()));
+            let bare = on_device(&x.clone().reshape([lead[0], lead[1], k]), &w, Kernel::Burn)
+                .expect("bare wgpu too");
+            let errors = [
+                worst(&flat(y.inner()), &oracle(&x, &w)),
+                worst(&flat(bare), &oracle(&x, &w)),
+                worst(&flat(dx), &oracle(&dy, &w.clone().transpose())),
+                worst(&dw, &oracle(&x.transpose(), &dy)),
+            ];
+            errors.into_iter().fold(0.0, f64::max)
+        }
+        let errors = [check::<Autodiff<W>>(), check::<Autodiff<Fusion<W>>>()];
+        eprintln!("largest errors: bare {:.1e}, fused {:.1e}", errors[0], errors[1]);
+        // Measured at most 1.3e-7 (Burn's product on lavapipe).
+        for e in errors {
+            assert!(e < 6e-7, "{e:e}");
+        }
     }
 
     /// Mixed precision's operands (f16 here: lavapipe has no bfloat16), plain and transposed,

@@ -137,6 +137,22 @@ pub trait DeviceSum: Backend {
     /// `x` (f32) summed over `axis`, of its squares when `square`, the axis kept (size 1), as
     /// Burn's `sum_dim`.
     fn sum_axis(x: FloatTensor<Self>, axis: usize, square: bool) -> FloatTensor<Self>;
+
+    /// `x` (f32) viewed as rows of `shape` (its trailing elements; their count divides
+    /// `x`'s), the rows summed, shaped `shape`: a bias's gradient from its output's. The views
+    /// are the backend's tensors' (no copy where `x` is contiguous), inside the one operation
+    /// under fusion: its stream holds no reshape beside the sum (two a bias a step before,
+    /// bench/RESULTS.md, 2026-12-01).
+    fn sum_rows(x: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
+        let cols = shape.iter().product::<usize>();
+        let rows = x.shape().num_elements().checked_div(cols).unwrap_or(0);
+        let x = if x.shape().as_slice() == [rows, cols] {
+            x
+        } else {
+            Self::float_reshape(x, [rows, cols].into())
+        };
+        Self::float_reshape(Self::sum_axis(x, 0, false), shape.into())
+    }
 }
 
 impl<R, F, I, BT> DeviceSum for CubeBackend<R, F, I, BT>
@@ -176,6 +192,14 @@ where
         }
         let [sums] = in_stream::<B, _, 1, 1>("sum_axis", [x], [(dims, DType::F32)], move |[x]| {
             [B::sum_axis(x, axis, square)]
+        });
+        sums
+    }
+
+    fn sum_rows(x: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
+        let out = (shape.clone(), DType::F32);
+        let [sums] = in_stream::<B, _, 1, 1>("sum_rows", [x], [out], move |[x]| {
+            [B::sum_rows(x, shape.clone())]
         });
         sums
     }

@@ -133,7 +133,8 @@ impl Precision {
     /// The leading axes are flattened first: Burn's `linear` on `[B, T, in]` runs `B` products
     /// against a broadcast weight, and its weight gradient is `B` weight-sized products summed
     /// afterwards; over `[B * T, in]` each is one product (the feed-forward's weight backward
-    /// at the 0.6B width, bench/RESULTS.md, "The LSTM recurrence on the host").
+    /// at the 0.6B width, bench/RESULTS.md, "The LSTM recurrence on the host"). In f32 on the
+    /// CubeCL backends the product's operation flattens them itself ([`Self::linear_f32`]).
     pub fn linear_low<B: Backend, const D: usize>(
         self,
         layer: &Linear<B>,
@@ -145,30 +146,43 @@ impl Precision {
                 Some(_) => self.linear_down(layer, x),
             };
         }
+        if let Some(y) = self.linear_f32(layer, &x, true) {
+            return y;
+        }
         on_rows(x, |x| self.linear_2d(layer, x))
     }
 
-    /// [`Self::linear_low`] on `[rows, in]`; in f32 on NdArray, one host operation
-    /// (`host_linear`).
+    /// In f32 on the CubeCL backends, `x [.., in] · w`, plus the bias where `bias`, as the
+    /// product's one operation on `[.., in]` (`device_matmul::matmul`: the rows are viewed as a
+    /// matrix inside it, so fusion's stream holds no reshape) and the bias's one operation
+    /// (`device_bias`, its gradient summed in passes); `None` in the other precisions and on
+    /// other backends.
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
+    fn linear_f32<B: Backend, const D: usize>(
+        self,
+        layer: &Linear<B>,
+        x: &Tensor<B, D>,
+        bias: bool,
+    ) -> Option<Tensor<B, D>> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if self.compute().is_none() {
+            let w = layer.weight.val();
+            return match (bias, &layer.bias) {
+                (true, Some(b)) => super::device_bias::linear(x, &w, &b.val()),
+                _ => super::device_matmul::matmul(x, &w),
+            };
+        }
+        None
+    }
+
+    /// [`Self::linear_low`] on `[rows, in]` where [`Self::linear_f32`] does not take it; in
+    /// f32 on NdArray, one host operation (`host_linear`).
     fn linear_2d<B: Backend>(self, layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         if self.compute().is_none() {
             let bias = layer.bias.as_ref().map(|b| b.val());
             if let Some(y) = super::host_linear::on_host(&x, &layer.weight.val(), bias.as_ref()) {
                 return y;
             }
-            // On the CubeCL backends the bias is one operation whose gradient is summed in
-            // passes (`device_bias`).
-            #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            {
-                let w = layer.weight.val();
-                return match bias {
-                    Some(b) => {
-                        super::device_bias::linear(&x, &w, &b).unwrap_or_else(|| layer.forward(x))
-                    }
-                    None => super::device_matmul::matmul(x, w),
-                };
-            }
-            #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
             return layer.forward(x);
         }
         self.linear_down(layer, x)
@@ -222,15 +236,12 @@ impl Precision {
         layer: &Linear<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
-        if let Some(y) = self.linear_device(layer, &x, false) {
+        if let Some(y) =
+            self.linear_device(layer, &x, false).or_else(|| self.linear_f32(layer, &x, false))
+        {
             return y;
         }
         on_rows(x, |x| {
-            // In f32 on the CubeCL types, the product with the chosen kernel (`device_matmul`).
-            #[cfg(any(feature = "wgpu", feature = "cuda"))]
-            if self.compute().is_none() {
-                return super::device_matmul::matmul(x, layer.weight.val());
-            }
             self.up(burn::tensor::module::linear(self.down(x), self.down(layer.weight.val()), None))
         })
     }
