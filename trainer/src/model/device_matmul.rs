@@ -28,7 +28,9 @@
 //! values) go through cuBLAS too, as strided-batched calls ([`stacked`],
 //! `cublas_product::batched`), with their gradients; by default they are Burn's product, which
 //! an H200's step measured as fast or faster ([`stacks_to_cublas`]). (cubek's kernels are not
-//! offered for them: Burn's product already is one.)
+//! offered for them: Burn's product already is one.) Either way a stack and each of its
+//! gradients is one operation, which transposes its operands itself
+//! ([`DeviceMatmul::stack_product`]).
 //!
 //! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
 //! 10-bit mantissa on CUDA's tensor cores); the input's gradient is computed only where the
@@ -245,6 +247,29 @@ pub trait DeviceMatmul: Backend {
         kernel: Kernel,
         sum_outer: bool,
     ) -> Result<FloatTensor<Self>, String>;
+
+    /// The stack `op(a) · op(b)` (`op` transposing the last two axes of the operands that
+    /// `transposed` names) with `kernel`, summed over the outer axis into `[1, H, m, n]` where
+    /// `sum_outer`: Burn's product (and sum) for [`Kernel::Burn`], else [`Self::stacked`]. The
+    /// transpositions are views of the backend's tensors, inside the one operation under
+    /// fusion: its stream holds no swap of axes beside the attention's products (240 a step at
+    /// the 0.6B preset's 24 layers before, bench/RESULTS.md, 2026-12-01).
+    fn stack_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        transposed: [bool; 2],
+        sum_outer: bool,
+        kernel: Kernel,
+        form: &'static str,
+    ) -> FloatTensor<Self> {
+        let op = |t, yes| if yes { Self::float_swap_dims(t, 2, 3) } else { t };
+        let (a, b) = (op(a, transposed[0]), op(b, transposed[1]));
+        if kernel == Kernel::Burn {
+            burn_stacked::<Self>(a, b, sum_outer)
+        } else {
+            Self::stacked(a, b, kernel, sum_outer, form)
+        }
+    }
 
     /// [`Self::try_stacked`], else Burn's product (and sum), reporting why once per `form`.
     fn stacked(
@@ -549,6 +574,27 @@ where
         Ok(asr_tdt::fusion::adopt::<B>(&client, y))
     }
 
+    /// In fusion's stream, as [`Self::linear_product`].
+    fn stack_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        transposed: [bool; 2],
+        sum_outer: bool,
+        kernel: Kernel,
+        form: &'static str,
+    ) -> FloatTensor<Self> {
+        let (da, db) = (&a.shape, &b.shape);
+        let m = if transposed[0] { da[3] } else { da[2] };
+        let n = if transposed[1] { db[2] } else { db[3] };
+        let outer = if sum_outer { 1 } else { da[0].max(db[0]) };
+        let out = vec![outer, da[1], m, n];
+        let [y] =
+            in_stream::<B, _, 2, 1>("stack product", [a, b], [(out, DType::F32)], move |[a, b]| {
+                [B::stack_product(a, b, transposed, sum_outer, kernel, form)]
+            });
+        y
+    }
+
     /// In fusion's stream, as [`Self::product`]: the inner backend falls back to its own
     /// product where cuBLAS cannot run.
     fn stacked(
@@ -644,9 +690,13 @@ impl<B: DeviceMatmul> DeviceOp<B, 2> for Product {
     }
 }
 
-/// A stack of products with one kernel, as a [`DeviceOp`] of its two operands.
+/// A stack of products `a · op(b)` with one kernel, as a [`DeviceOp`] of its two operands
+/// (`op` transposing `b`'s last two axes where `transposed_b`).
 #[derive(Debug, Clone, Copy)]
-struct Stacked(Kernel);
+struct Stacked {
+    kernel: Kernel,
+    transposed_b: bool,
+}
 
 impl<B: DeviceMatmul> DeviceBackward<B, 2> for Stacked {
     type Saved = (FloatTensor<B>, FloatTensor<B>);
@@ -655,6 +705,9 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Stacked {
         both::<B, Self>(self, saved, dy)
     }
 
+    /// With `y = a · op(b)`: `a`'s gradient is `dy · op(b)ᵀ`; `op(b)`'s is `aᵀ · dy`, so `b`'s
+    /// is that or, where `b` is read transposed, its transpose `dyᵀ · a`. Every transposition
+    /// is a flag of the product.
     fn backward_tracked(
         &self,
         (a, b): Self::Saved,
@@ -665,12 +718,15 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Stacked {
         let outer = dy.shape()[0];
         let summed = |t: &FloatTensor<B>| t.shape()[0] == 1 && outer > 1;
         let (sum_a, sum_b) = (summed(&a), summed(&b));
+        let (tb, kernel) = (self.transposed_b, self.kernel);
         let da = want_a.then(|| {
-            let bt = B::float_swap_dims(b, 2, 3);
-            B::stacked(dy.clone(), bt, self.0, sum_a, "first operand's gradient")
+            let form = "first operand's gradient";
+            B::stack_product(dy.clone(), b, [false, !tb], sum_a, kernel, form)
         });
         let db = want_b.then(|| {
-            B::stacked(B::float_swap_dims(a, 2, 3), dy, self.0, sum_b, "second operand's gradient")
+            let form = "second operand's gradient";
+            let (first, second) = if tb { (dy, a) } else { (a, dy) };
+            B::stack_product(first, second, [true, false], sum_b, kernel, form)
         });
         [da, db]
     }
@@ -678,7 +734,9 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Stacked {
 
 impl<B: DeviceMatmul> DeviceOp<B, 2> for Stacked {
     fn forward(&self, [a, b]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, Self::Saved) {
-        (B::stacked(a.clone(), b.clone(), self.0, false, "forward"), (a, b))
+        let transposed = [false, self.transposed_b];
+        let y = B::stack_product(a.clone(), b.clone(), transposed, false, self.kernel, "forward");
+        (y, (a, b))
     }
 }
 
@@ -695,39 +753,50 @@ fn stacks_to_cublas() -> bool {
 }
 
 /// `a [O, H, m, k] · b [O or 1, H, k, n]` (the attention's stacks of products, either's `O`
-/// may be 1) through cuBLAS where `--matmul cublas` is chosen with `ASRT_CUBLAS_STACKS=1`, the
-/// backend is one of the trainer's CubeCL types (bare or under autodiff) and the tensors f32;
-/// `None` elsewhere, and the caller runs Burn's `matmul`.
-pub fn stacked<B: Backend>(a: &Tensor<B, 4>, b: &Tensor<B, 4>) -> Option<Tensor<B, 4>> {
-    if !stacks_to_cublas() || a.dtype() != DType::F32 || b.dtype() != DType::F32 {
+/// may be 1), or `· bᵀ` with `b` `[O or 1, H, n, k]` where `transposed_b`, as one operation
+/// (the transposition inside it, forward and backward) where the backend is one of the
+/// trainer's CubeCL types (bare or under autodiff) and the tensors f32: through cuBLAS where
+/// `--matmul cublas` is chosen with `ASRT_CUBLAS_STACKS=1`, Burn's product otherwise; `None`
+/// elsewhere, and the caller runs Burn's `matmul`.
+pub fn stacked<B: Backend>(
+    a: &Tensor<B, 4>,
+    b: &Tensor<B, 4>,
+    transposed_b: bool,
+) -> Option<Tensor<B, 4>> {
+    if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return None;
     }
-    stacked_with(a, b, Kernel::Cublas)
+    let kernel = if stacks_to_cublas() { Kernel::Cublas } else { Kernel::Burn };
+    stacked_with(a, b, transposed_b, kernel)
 }
 
-/// [`stacked`] with `kernel` on the CubeCL types, shapes that chain (`O` equal or one of them
-/// 1, the same `H`); `None` elsewhere.
+/// [`stacked`] with `kernel` on the CubeCL types, `b` transposed where `transposed_b`, shapes
+/// that chain (`O` equal or one of them 1, the same `H`); `None` elsewhere.
 fn stacked_with<B: Backend>(
     a: &Tensor<B, 4>,
     b: &Tensor<B, 4>,
+    transposed_b: bool,
     kernel: Kernel,
 ) -> Option<Tensor<B, 4>> {
-    let ([oa, ha, _, k], [ob, hb, kb, _]) = (a.dims(), b.dims());
+    let ([oa, ha, _, k], [ob, hb, b2, b3]) = (a.dims(), b.dims());
+    let kb = if transposed_b { b3 } else { b2 };
     if ha != hb || k != kb || (oa != ob && oa != 1 && ob != 1) {
         return None;
     }
+    let op = Stacked { kernel, transposed_b };
+    let transposed = [false, transposed_b];
     on_cube_types!(
         B,
         T,
         {
             let a = cast::<_, Tensor<Autodiff<T>, 4>>(a.clone())?;
             let b = cast::<_, Tensor<Autodiff<T>, 4>>(b.clone())?;
-            let y = device_op::tracked(Stacked(kernel), [float(a), float(b)]);
+            let y = device_op::tracked(op, [float(a), float(b)]);
             cast(Tensor::<Autodiff<T>, 4>::from_primitive(TensorPrimitive::Float(y)))
         },
         {
             let (a, b) = (cast::<_, Tensor<T, 4>>(a.clone())?, cast::<_, Tensor<T, 4>>(b.clone())?);
-            let y = T::stacked(float(a), float(b), kernel, false, "forward");
+            let y = T::stack_product(float(a), float(b), transposed, false, kernel, "forward");
             cast(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)))
         }
     );
@@ -1043,70 +1112,87 @@ mod tests {
             .fold(0.0, f64::max)
     }
 
-    /// The attention's stacks of products as one operation under `--matmul cublas` (on
-    /// lavapipe cuBLAS declines, and the operation runs Burn's product): the product and both
-    /// gradients against float64, with the second operand read by every outer index (its
-    /// gradient summed over them), and the first, and a transposed view as the scores take
-    /// the keys; bare, under autodiff, and fused.
+    /// The attention's stacks of products as one operation, with Burn's kernel and under
+    /// `--matmul cublas` (on lavapipe cuBLAS declines, and the operation runs Burn's product):
+    /// the product and both gradients against float64, with the second operand read by every
+    /// outer index (its gradient summed over them), and the first; the second transposed as a
+    /// view, as the scores took the keys, and by the operation's flag, as they take them now;
+    /// bare, under autodiff, and fused.
     #[test]
     fn stacks_of_products_and_their_gradients_match_float64_on_wgpu() {
-        fn check<B: burn::tensor::backend::AutodiffBackend>() {
+        fn check<B: burn::tensor::backend::AutodiffBackend>() -> f64 {
             let device = Default::default();
             let random = |dims: [usize; 4]| {
                 Tensor::<B, 4>::random(dims, Distribution::Uniform(-1.0, 1.0), &device)
             };
-            // (a's shape, b's shape as stored, b transposed as a view)
-            let cases = [
-                ([3, 2, 5, 4], [3, 2, 4, 6], false),
-                ([3, 2, 5, 4], [1, 2, 6, 4], true),
-                ([1, 2, 5, 4], [3, 2, 4, 6], false),
+            // (a's shape, b's shape as stored, b transposed: by a view, by the flag)
+            let cases: [([usize; 4], [usize; 4], [bool; 2]); 5] = [
+                ([3, 2, 5, 4], [3, 2, 4, 6], [false, false]),
+                ([3, 2, 5, 4], [1, 2, 6, 4], [true, false]),
+                ([3, 2, 5, 4], [1, 2, 6, 4], [false, true]),
+                ([3, 2, 5, 4], [3, 2, 6, 4], [false, true]),
+                ([1, 2, 5, 4], [3, 2, 4, 6], [false, false]),
             ];
-            for (da, db, transposed) in cases {
-                let a = random(da).require_grad();
-                let b = random(db).require_grad();
-                let bt = if transposed { b.clone().swap_dims(2, 3) } else { b.clone() };
-                let y = stacked_with(&a, &bt, Kernel::Cublas).expect("a CubeCL type");
-                let dy = random(y.dims());
-                let grads = (y.clone() * dy.clone()).sum().backward();
-                let (ga, gb) = (a.grad(&grads).unwrap(), b.grad(&grads).unwrap());
-                let (a, bt, dy) = (a.inner(), bt.inner(), dy.inner());
-                let e_y = stack_worst(&y.inner(), &stack_oracle(&a, &bt));
-                // da = dy · btᵀ, summed over the outer axis where a has one; likewise db.
-                let want_a = stack_oracle(&dy, &bt.clone().swap_dims(2, 3));
-                let want_b = stack_oracle(&a.clone().swap_dims(2, 3), &dy);
-                // The outer sums in float64, over the oracle's values and magnitudes.
-                let fold = |(y, s): (Vec<f64>, Vec<f64>), outer: usize, len: usize| {
-                    if outer != 1 || y.len() == len {
-                        return (y, s);
-                    }
-                    let mut f = (vec![0.0; len], vec![0.0; len]);
-                    for (i, (v, m)) in y.iter().zip(&s).enumerate() {
-                        f.0[i % len] += v;
-                        f.1[i % len] += m;
-                    }
-                    f
-                };
-                let e_a = stack_worst(&ga, &fold(want_a, da[0], da.iter().product()));
-                let gbt = if transposed { gb.swap_dims(2, 3) } else { gb };
-                let e_b = stack_worst(&gbt, &fold(want_b, db[0], db.iter().product()));
-                eprintln!("{da:?} · {db:?} (transposed {transposed}): y {e_y:.1e}, da {e_a:.1e}, db {e_b:.1e}");
-                // Measured at most 1.3e-7 (Burn's product on lavapipe).
-                for e in [e_y, e_a, e_b] {
-                    assert!(e < 6e-7, "{da:?} · {db:?}: {e:e}");
+            let mut largest = 0.0f64;
+            for kernel in [Kernel::Burn, Kernel::Cublas] {
+                for (da, db, [view, flag]) in cases {
+                    let a = random(da).require_grad();
+                    let b = random(db).require_grad();
+                    let operand = if view { b.clone().swap_dims(2, 3) } else { b.clone() };
+                    let y = stacked_with(&a, &operand, flag, kernel).expect("a CubeCL type");
+                    let dy = random(y.dims());
+                    let grads = (y.clone() * dy.clone()).sum().backward();
+                    let (ga, gb) = (a.grad(&grads).unwrap(), b.grad(&grads).unwrap());
+                    // bt: the second factor as the product reads it.
+                    let bt = if view || flag { b.inner().swap_dims(2, 3) } else { b.inner() };
+                    let (a, dy) = (a.inner(), dy.inner());
+                    let e_y = stack_worst(&y.inner(), &stack_oracle(&a, &bt));
+                    // da = dy · btᵀ, summed over the outer axis where a has one; likewise db.
+                    let want_a = stack_oracle(&dy, &bt.clone().swap_dims(2, 3));
+                    let want_b = stack_oracle(&a.clone().swap_dims(2, 3), &dy);
+                    // The outer sums in float64, over the oracle's values and magnitudes.
+                    let fold = |(y, s): (Vec<f64>, Vec<f64>), outer: usize, len: usize| {
+                        if outer != 1 || y.len() == len {
+                            return (y, s);
+                        }
+                        let mut f = (vec![0.0; len], vec![0.0; len]);
+                        for (i, (v, m)) in y.iter().zip(&s).enumerate() {
+                            f.0[i % len] += v;
+                            f.1[i % len] += m;
+                        }
+                        f
+                    };
+                    let e_a = stack_worst(&ga, &fold(want_a, da[0], da.iter().product()));
+                    let gbt = if view || flag { gb.swap_dims(2, 3) } else { gb };
+                    let e_b = stack_worst(&gbt, &fold(want_b, db[0], db.iter().product()));
+                    eprintln!(
+                        "{kernel:?} {da:?} · {db:?} (view {view}, flag {flag}): y {e_y:.1e}, \
+                         da {e_a:.1e}, db {e_b:.1e}"
+                    );
+                    largest = largest.max(e_y).max(e_a).max(e_b);
                 }
             }
+            largest
         }
-        check::<Autodiff<W>>();
-        check::<Autodiff<Fusion<W>>>();
+        // Measured at most 1.6e-7 (Burn's product on lavapipe, either kernel).
+        for e in [check::<Autodiff<W>>(), check::<Autodiff<Fusion<W>>>()] {
+            assert!(e < 6e-7, "{e:e}");
+        }
         // Bare: the forward alone.
         let device = Default::default();
         let a = Tensor::<W, 4>::random([2, 3, 4, 5], Distribution::Uniform(-1.0, 1.0), &device);
         let b = Tensor::<W, 4>::random([1, 3, 5, 2], Distribution::Uniform(-1.0, 1.0), &device);
-        let y = stacked_with(&a, &b, Kernel::Cublas).expect("a CubeCL type");
-        assert!(stack_worst(&y, &stack_oracle(&a, &b)) < 6e-7);
+        for kernel in [Kernel::Burn, Kernel::Cublas] {
+            let y = stacked_with(&a, &b, false, kernel).expect("a CubeCL type");
+            assert!(stack_worst(&y, &stack_oracle(&a, &b)) < 6e-7);
+            let bt = b.clone().swap_dims(2, 3);
+            let y = stacked_with(&a, &bt, true, kernel).expect("a CubeCL type");
+            assert!(stack_worst(&y, &stack_oracle(&a, &b)) < 6e-7);
+        }
         // Shapes that do not chain are left to the caller.
         let c = Tensor::<W, 4>::random([2, 2, 5, 2], Distribution::Uniform(-1.0, 1.0), &device);
-        assert!(stacked_with(&a, &c, Kernel::Cublas).is_none());
+        assert!(stacked_with(&a, &c, false, Kernel::Cublas).is_none());
+        assert!(stacked_with(&a, &b, true, Kernel::Burn).is_none());
     }
 
     /// Every kernel either runs (and gives float64's product) or says why not; none panics.

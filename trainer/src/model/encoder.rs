@@ -220,8 +220,8 @@ impl<B: Backend> RelPositionAttention<B> {
         // [1, H, 2T-1, dk]
         let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
         // The scores come back in f32: the mask and the softmax run there.
-        let ac = p.matmul(q_u, k.swap_dims(2, 3)); // [B, H, T, T]
-        let bd = p.matmul(q_v, r.swap_dims(2, 3)); // [B, H, T, 2T-1]
+        let ac = p.matmul_transposed(q_u, k); // [B, H, T, T]
+        let bd = p.matmul_transposed(q_v, r); // [B, H, T, 2T-1]
         let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
         p.linear(&self.out, merge_heads(p.matmul(attn, v)))
     }

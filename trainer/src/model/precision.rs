@@ -260,9 +260,10 @@ impl Precision {
     }
 
     /// `a.matmul(b)` computed in the compute type, returned in f32 (on the CubeCL backends as
-    /// `device_mixed`'s one operation, the product not rounded to the compute type). In f32,
-    /// stacks of four axes go through cuBLAS under `--matmul cublas`
-    /// (`device_matmul::stacked`).
+    /// `device_mixed`'s one operation, the product not rounded to the compute type). In f32 on
+    /// the CubeCL backends, a stack of four axes is one operation (`device_matmul::stacked`:
+    /// through cuBLAS under `--matmul cublas` with `ASRT_CUBLAS_STACKS=1`, else Burn's
+    /// product).
     pub fn matmul<B: Backend, const D: usize>(
         self,
         a: Tensor<B, D>,
@@ -274,19 +275,46 @@ impl Precision {
         {
             return y;
         }
+        if let Some(y) = self.stack_f32(&a, &b, false) {
+            return y;
+        }
+        self.up(self.down(a).matmul(self.down(b)))
+    }
+
+    /// `a · bᵀ` (`b`'s last two axes swapped) as [`Self::matmul`]; in f32 on the CubeCL
+    /// backends a stack of four axes is one operation that reads `b` transposed itself, so
+    /// fusion's stream holds no swap of axes for it, forward or backward (the attention's
+    /// scores against the keys and the positions).
+    pub fn matmul_transposed<B: Backend, const D: usize>(
+        self,
+        a: Tensor<B, D>,
+        b: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        if let Some(y) = self.stack_f32(&a, &b, true) {
+            return y;
+        }
+        self.matmul(a, b.swap_dims(D - 2, D - 1))
+    }
+
+    /// In f32 on the CubeCL backends, the stack `a · b` (`· bᵀ` where `transposed_b`) of four
+    /// axes as one operation (`device_matmul::stacked`); `None` elsewhere.
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
+    fn stack_f32<B: Backend, const D: usize>(
+        self,
+        a: &Tensor<B, D>,
+        b: &Tensor<B, D>,
+        transposed_b: bool,
+    ) -> Option<Tensor<B, D>> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if self.compute().is_none() && D == 4 {
             use super::host_depthwise::cast;
             let four = |t: &Tensor<B, D>| cast::<_, Tensor<B, 4>>(t.clone());
-            if let Some(y) = four(&a)
-                .zip(four(&b))
-                .and_then(|(a, b)| super::device_matmul::stacked(&a, &b))
-                .and_then(cast::<_, Tensor<B, D>>)
-            {
-                return y;
-            }
+            return four(a)
+                .zip(four(b))
+                .and_then(|(a, b)| super::device_matmul::stacked(&a, &b, transposed_b))
+                .and_then(cast::<_, Tensor<B, D>>);
         }
-        self.up(self.down(a).matmul(self.down(b)))
+        None
     }
 }
 
