@@ -334,12 +334,9 @@ pub trait DeviceMatmul: Backend {
 /// `t` `[.., k]` as the matrix `[rows, k]` of its leading axes (itself where it is one).
 fn rows<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
     let dims = t.shape();
-    if dims.num_dims() == 2 {
-        return t;
-    }
     let k = dims.as_slice().last().copied().unwrap_or(1);
     let rows = dims.as_slice().iter().rev().skip(1).product::<usize>();
-    B::float_reshape(t, [rows, k].into())
+    device_op::as_matrix::<B>(t, rows, k)
 }
 
 /// [`DeviceMatmul::try_product`], or `None` where the kernel cannot run, said once per kernel

@@ -20,7 +20,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::prelude::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::tensor::CubeTensor;
@@ -73,6 +73,16 @@ pub fn cube_max(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
 /// A tensor's primitive as a contiguous CubeCL tensor (no copy when it is one).
 pub fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     burn_cubecl::kernel::into_contiguous(t)
+}
+
+/// `t` viewed as the matrix `[rows, cols]` of as many elements (itself where it has that
+/// shape): a view of a contiguous CubeCL tensor, no copy.
+pub fn as_matrix<B: Backend>(t: FloatTensor<B>, rows: usize, cols: usize) -> FloatTensor<B> {
+    if t.shape().as_slice() == [rows, cols] {
+        t
+    } else {
+        B::float_reshape(t, [rows, cols].into())
+    }
 }
 
 /// A new f32 buffer of `dims`, not initialised (see the module), or NaN in every element where

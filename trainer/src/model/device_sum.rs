@@ -146,11 +146,7 @@ pub trait DeviceSum: Backend {
     fn sum_rows(x: FloatTensor<Self>, shape: Vec<usize>) -> FloatTensor<Self> {
         let cols = shape.iter().product::<usize>();
         let rows = x.shape().num_elements().checked_div(cols).unwrap_or(0);
-        let x = if x.shape().as_slice() == [rows, cols] {
-            x
-        } else {
-            Self::float_reshape(x, [rows, cols].into())
-        };
+        let x = super::device_op::as_matrix::<Self>(x, rows, cols);
         Self::float_reshape(Self::sum_axis(x, 0, false), shape.into())
     }
 }

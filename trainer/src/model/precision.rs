@@ -134,7 +134,7 @@ impl Precision {
     /// against a broadcast weight, and its weight gradient is `B` weight-sized products summed
     /// afterwards; over `[B * T, in]` each is one product (the feed-forward's weight backward
     /// at the 0.6B width, bench/RESULTS.md, "The LSTM recurrence on the host"). In f32 on the
-    /// CubeCL backends the product's operation flattens them itself ([`Self::linear_f32`]).
+    /// CubeCL backends the product's operation flattens them itself ([`Self::linear_device`]).
     pub fn linear_low<B: Backend, const D: usize>(
         self,
         layer: &Linear<B>,
@@ -146,37 +146,16 @@ impl Precision {
                 Some(_) => self.linear_down(layer, x),
             };
         }
-        if let Some(y) = self.linear_f32(layer, &x, true) {
-            return y;
+        if self.compute().is_none() {
+            if let Some(y) = self.linear_device(layer, &x, true) {
+                return y;
+            }
         }
         on_rows(x, |x| self.linear_2d(layer, x))
     }
 
-    /// In f32 on the CubeCL backends, `x [.., in] · w`, plus the bias where `bias`, as the
-    /// product's one operation on `[.., in]` (`device_matmul::matmul`: the rows are viewed as a
-    /// matrix inside it, so fusion's stream holds no reshape) and the bias's one operation
-    /// (`device_bias`, its gradient summed in passes); `None` in the other precisions and on
-    /// other backends.
-    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
-    fn linear_f32<B: Backend, const D: usize>(
-        self,
-        layer: &Linear<B>,
-        x: &Tensor<B, D>,
-        bias: bool,
-    ) -> Option<Tensor<B, D>> {
-        #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if self.compute().is_none() {
-            let w = layer.weight.val();
-            return match (bias, &layer.bias) {
-                (true, Some(b)) => super::device_bias::linear(x, &w, &b.val()),
-                _ => super::device_matmul::matmul(x, &w),
-            };
-        }
-        None
-    }
-
-    /// [`Self::linear_low`] on `[rows, in]` where [`Self::linear_f32`] does not take it; in
-    /// f32 on NdArray, one host operation (`host_linear`).
+    /// [`Self::linear_low`] on `[rows, in]` where [`Self::linear_device`] does not take it;
+    /// in f32 on NdArray, one host operation (`host_linear`).
     fn linear_2d<B: Backend>(self, layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
         if self.compute().is_none() {
             let bias = layer.bias.as_ref().map(|b| b.val());
@@ -199,10 +178,13 @@ impl Precision {
         burn::tensor::module::linear(self.down(x), weight, bias)
     }
 
-    /// `x` times `layer`'s weight, plus its bias when `bias`, as one mixed product on the
-    /// CubeCL backends (`device_mixed`: the operands rounded to the compute type, the product
-    /// written in f32; the bias added in f32), the leading axes flattened; `None` in f32, on
-    /// other backends, or where the operation does not take the operands.
+    /// `x` times `layer`'s weight, plus its bias when `bias`, on the CubeCL backends, returned
+    /// in f32; `None` on other backends, or where the operations do not take the operands.
+    /// - In f32: the product's one operation on `[.., in]` (`device_matmul::matmul`: the rows
+    ///   are viewed as a matrix inside it, so fusion's stream holds no reshape) and the bias's
+    ///   one operation (`device_bias`, its gradient summed in passes).
+    /// - Mixed: one mixed product (`device_mixed`: the operands rounded to the compute type,
+    ///   the product written in f32; the bias added in f32), the leading axes flattened.
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
     fn linear_device<B: Backend, const D: usize>(
         self,
@@ -211,17 +193,22 @@ impl Precision {
         bias: bool,
     ) -> Option<Tensor<B, D>> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if let (Some(dtype), true) = (self.compute(), D >= 2) {
+        if D >= 2 {
+            let w = layer.weight.val();
+            let b = layer.bias.as_ref().filter(|_| bias).map(|b| b.val());
+            let Some(dtype) = self.compute() else {
+                return match b {
+                    Some(b) => super::device_bias::linear(x, &w, &b),
+                    None => super::device_matmul::matmul(x, &w),
+                };
+            };
             let dims = x.dims();
             let rows = x.clone().reshaped([dims[..D - 1].iter().product(), dims[D - 1]]);
-            let y = super::device_mixed::product(&rows, &layer.weight.val(), dtype)?;
-            let y = match (bias, &layer.bias) {
-                (true, Some(b)) => {
-                    let b = b.val();
-                    super::device_bias::on_device(&y, &b)
-                        .unwrap_or_else(|| y + b.unsqueeze_dim::<2>(0))
-                }
-                _ => y,
+            let y = super::device_mixed::product(&rows, &w, dtype)?;
+            let y = match b {
+                Some(b) => super::device_bias::on_device(&y, &b)
+                    .unwrap_or_else(|| y + b.unsqueeze_dim::<2>(0)),
+                None => y,
             };
             return Some(from_rows(y, dims));
         }
@@ -236,9 +223,7 @@ impl Precision {
         layer: &Linear<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
-        if let Some(y) =
-            self.linear_device(layer, &x, false).or_else(|| self.linear_f32(layer, &x, false))
-        {
+        if let Some(y) = self.linear_device(layer, &x, false) {
             return y;
         }
         on_rows(x, |x| {
@@ -253,8 +238,11 @@ impl Precision {
         layer: &Linear<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
-        if let Some(y) = self.linear_device(layer, &x, true) {
-            return y;
+        // In f32, `linear_low` takes the device path itself.
+        if self.compute().is_some() {
+            if let Some(y) = self.linear_device(layer, &x, true) {
+                return y;
+            }
         }
         self.up(self.linear_low(layer, x))
     }
