@@ -222,14 +222,16 @@ impl<B: Backend> DepthwiseConv1d<B> {
         let [b, t, c] = x.dims();
         let k = self.weight.dims()[0];
         let geometry = Geometry { kernel: [k, 1], stride: [1, 1], padding: [k / 2, 0] };
-        let x4 = x.clone().reshaped([b, t, 1, c]);
         let (weight, bias) = (self.weight.val(), self.bias.val());
-        if let Some(out) = host_depthwise::on_host(&x4, &weight, &bias, geometry, None) {
-            return out.reshaped([b, t, c]);
-        }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         if let Some(out) = super::device_depthwise::on_device(&x, &weight, &bias) {
             return out;
+        }
+        // Only the host's form reads the input as `[B, T, 1, C]`: a reshape made for the device
+        // form too was an unused operation of fusion's stream per layer, and its drop another.
+        let x4 = x.clone().reshaped([b, t, 1, c]);
+        if let Some(out) = host_depthwise::on_host(&x4, &weight, &bias, geometry, None) {
+            return out.reshaped([b, t, c]);
         }
         self.taps(x)
     }

@@ -417,11 +417,12 @@ fn tracked<B: DeviceAttention>(
     divisor: f32,
     rule: Option<Rule>,
 ) -> Tensor<Autodiff<B>, 4> {
-    let inputs = [float(ac), float(bd)];
     let keep = float(keep).primitive;
-    let [ac, bd] = inputs.each_ref().map(|t| t.primitive.clone());
-    let (w, y) = B::attention_forward(ac, bd, keep.clone(), divisor, rule);
-    let y = device_op::node(AttentionBackward { divisor, rule }, &inputs, y, [w, keep]);
+    let op = AttentionBackward { divisor, rule };
+    let y = device_op::tracked_with(op, [float(ac), float(bd)], |_, [ac, bd]| {
+        let (w, y) = B::attention_forward(ac, bd, keep.clone(), divisor, rule);
+        (y, [w, keep])
+    });
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
@@ -439,14 +440,18 @@ fn bare<B: DeviceAttention>(
 /// The attention's weights (see the module) from `ac` `[B, H, T, T]`, `bd` `[B, H, T, 2T - 1]`
 /// and `keep` `[B, T, 1]`, divided by `divisor` before the softmax, through `dropout`, as one
 /// operation where the backend is one of the trainer's CubeCL types (bare or under autodiff)
-/// and the tensors f32; `None` elsewhere (and the dropout has taken no seed).
+/// and the tensors f32; `ac` and `bd` given back elsewhere (and the dropout has taken no
+/// seed). The scores are taken, not borrowed: the operation holds the last handle on each
+/// where the caller gave it up (under fusion, queued read-write), where a clone left the
+/// caller's to be dropped after, a drop operation of fusion's stream (bench/RESULTS.md,
+/// 2026-12-01, "The old parameters released").
 pub fn on_device<B: Backend>(
-    ac: &Tensor<B, 4>,
-    bd: &Tensor<B, 4>,
+    ac: Tensor<B, 4>,
+    bd: Tensor<B, 4>,
     keep: &Tensor<B, 3>,
     divisor: f64,
     dropout: &Dropout,
-) -> Option<Tensor<B, 4>> {
+) -> Result<Tensor<B, 4>, (Tensor<B, 4>, Tensor<B, 4>)> {
     let [b, h, t, t2] = ac.dims();
     if t == 0
         || t2 != t
@@ -455,22 +460,25 @@ pub fn on_device<B: Backend>(
         || [ac.dtype(), bd.dtype(), keep.dtype()].iter().any(|d| *d != DType::F32)
         || b * h * t * (2 * t - 1) > u32::MAX as usize
     {
-        return None;
+        return Err((ac, bd));
     }
     let d = divisor as f32;
+    fn is<A: 'static, T: 'static>(a: A) -> T {
+        cast(a).unwrap_or_else(|| unreachable!("B is T"))
+    }
     on_cube_types!(
         B,
         T,
         {
-            let ac: Tensor<Autodiff<T>, 4> = cast(ac.clone())?;
-            let (bd, keep) = (cast(bd.clone())?, cast(keep.clone())?);
+            let ac: Tensor<Autodiff<T>, 4> = is(ac);
+            let (bd, keep) = (is(bd), is(keep.clone()));
             // The seed is taken only once the operation is sure to run: a fallback draws its own.
             let rule = dropout.draw::<Autodiff<T>>(&ac.device());
-            cast(tracked::<T>(ac, bd, keep, d, rule))
+            Ok(is(tracked::<T>(ac, bd, keep, d, rule)))
         },
-        { cast(bare::<T>(cast(ac.clone())?, cast(bd.clone())?, cast(keep.clone())?, d)) }
+        { Ok(is(bare::<T>(is(ac), is(bd), is(keep.clone()), d))) }
     );
-    None
+    Err((ac, bd))
 }
 
 #[cfg(test)]

@@ -375,13 +375,15 @@ fn tracked<B: DeviceBatchNorm, const D: usize>(
     let inputs = [float(x), float(norm.gamma.val()), float(norm.beta.val())];
     let running =
         [norm.running_mean.value_sync(), norm.running_var.value_sync()].map(|t| float(t.inner()));
-    let [x, gamma, beta] = inputs.each_ref().map(|t| t.primitive.clone());
-    let out = B::batch_norm_forward(x, gamma, beta, running, norm.epsilon, norm.momentum);
-    let update =
-        |t| Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(t)));
-    norm.running_mean.update(update(out.running_mean));
-    norm.running_var.update(update(out.running_var));
-    let y = device_op::node(BatchNormBackward, &inputs, out.y, out.saved);
+    let y = device_op::tracked_with(BatchNormBackward, inputs, |_, [x, gamma, beta]| {
+        let out = B::batch_norm_forward(x, gamma, beta, running, norm.epsilon, norm.momentum);
+        let update = |t| {
+            Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(t)))
+        };
+        norm.running_mean.update(update(out.running_mean));
+        norm.running_var.update(update(out.running_var));
+        (out.y, out.saved)
+    });
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

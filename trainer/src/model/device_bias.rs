@@ -127,6 +127,12 @@ pub fn on_device<B: Backend, const D: usize>(
     x: &Tensor<B, D>,
     b: &Tensor<B, 1>,
 ) -> Option<Tensor<B, D>> {
+    owned(x.clone(), b)
+}
+
+/// [`on_device`] of `x` itself: where the caller gives up its last handle on `x`, the addition
+/// holds it (under fusion, queued read-write: no drop operation of its own after).
+fn owned<B: Backend, const D: usize>(x: Tensor<B, D>, b: &Tensor<B, 1>) -> Option<Tensor<B, D>> {
     if D == 0
         || x.dims()[D - 1] != b.dims()[0]
         || x.dtype() != DType::F32
@@ -134,8 +140,8 @@ pub fn on_device<B: Backend, const D: usize>(
     {
         return None;
     }
-    on_cube_types!(B, T, { cast(tracked::<T, D>(cast(x.clone())?, cast(b.clone())?)) }, {
-        cast(bare::<T, D>(cast(x.clone())?, cast(b.clone())?))
+    on_cube_types!(B, T, { cast(tracked::<T, D>(cast(x)?, cast(b.clone())?)) }, {
+        cast(bare::<T, D>(cast(x)?, cast(b.clone())?))
     });
     None
 }
@@ -152,7 +158,10 @@ pub fn linear<B: Backend, const D: usize>(
     if w.dims()[1] != b.dims()[0] || b.dtype() != DType::F32 {
         return None;
     }
-    on_device(&super::device_matmul::matmul(x, w)?, b)
+    // The product is this call's own: the addition takes it, not a clone (fusion would drop
+    // the product's handle as an operation of its own, 168 a step at bench/fusion_ops.sh's
+    // preset).
+    owned(super::device_matmul::matmul(x, w)?, b)
 }
 
 /// The addition under autodiff: one node with the rows and the bias as parents.

@@ -228,43 +228,60 @@ impl<B: DeviceDropout> DeviceOp<B, 2> for Residual {
 }
 
 /// `x + f * mask` as one operation where the backend is one of the trainer's CubeCL types under
-/// autodiff, `x` and `f` f32 of one shape and under `2^32` elements; `None` elsewhere.
+/// autodiff, `x` and `f` f32 of one shape and under `2^32` elements; both given back elsewhere.
+/// They are taken, not borrowed: where the caller held the last handle, the operation holds it
+/// (under fusion, queued read-write), where a clone left the caller's handle to be dropped after,
+/// one drop operation of fusion's stream each (bench/RESULTS.md, 2026-12-01, "The old
+/// parameters released").
 pub fn residual_on_device<B: Backend, const D: usize>(
-    x: &Tensor<B, D>,
-    f: &Tensor<B, D>,
+    x: Tensor<B, D>,
+    f: Tensor<B, D>,
     rule: Rule,
-) -> Option<Tensor<B, D>> {
+) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, D>)> {
     if x.dtype() != DType::F32
         || f.dtype() != DType::F32
         || x.dims() != f.dims()
         || x.shape().num_elements() > u32::MAX as usize
     {
-        return None;
+        return Err((x, f));
     }
     on_cube_types!(
         B,
         T,
         {
-            let x: Tensor<Autodiff<T>, D> = cast(x.clone())?;
-            let f: Tensor<Autodiff<T>, D> = cast(f.clone())?;
+            let x: Tensor<Autodiff<T>, D> = cast(x).unwrap_or_else(|| unreachable!("B is T"));
+            let f: Tensor<Autodiff<T>, D> = cast(f).unwrap_or_else(|| unreachable!("B is T"));
             let inputs = [float(x), float(f)];
-            cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(
+            Ok(cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(
                 device_op::tracked(Residual(rule), inputs),
             )))
+            .unwrap_or_else(|| unreachable!("B is T")))
         },
-        { None }
+        { Err((x, f)) }
     );
-    None
+    Err((x, f))
 }
 
 /// `x` times `rule`'s mask as one operation where the backend is one of the trainer's CubeCL
-/// types under autodiff, `x` f32 and under `2^32` elements; `None` elsewhere.
-pub fn on_device<B: Backend, const D: usize>(x: &Tensor<B, D>, rule: Rule) -> Option<Tensor<B, D>> {
+/// types under autodiff, `x` f32 and under `2^32` elements; `x` given back elsewhere. Taken, not
+/// borrowed, as [`residual_on_device`]'s inputs are.
+pub fn on_device<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    rule: Rule,
+) -> Result<Tensor<B, D>, Tensor<B, D>> {
     if x.dtype() != DType::F32 || x.shape().num_elements() > u32::MAX as usize {
-        return None;
+        return Err(x);
     }
-    on_cube_types!(B, T, { cast(tracked::<T, D>(rule, cast(x.clone())?)) }, { None });
-    None
+    on_cube_types!(
+        B,
+        T,
+        {
+            let x = cast(x).unwrap_or_else(|| unreachable!("B is T"));
+            Ok(cast(tracked::<T, D>(rule, x)).unwrap_or_else(|| unreachable!("B is T")))
+        },
+        { Err(x) }
+    );
+    Err(x)
 }
 
 #[cfg(test)]
@@ -325,7 +342,8 @@ mod tests {
         let weights = normal(dims);
         let xa = Tensor::<Autodiff<B>, 3>::from_inner(x.clone()).require_grad();
         let fa = Tensor::<Autodiff<B>, 3>::from_inner(f.clone()).require_grad();
-        let y = residual_on_device(&xa, &fa, rule).expect("the trainer's CubeCL type");
+        let y =
+            residual_on_device(xa.clone(), fa.clone(), rule).expect("the trainer's CubeCL type");
         let grads = (y.clone() * Tensor::from_inner(weights.clone())).sum().backward();
         let values = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
         let mask = rule.mask(a * b * c);
@@ -395,7 +413,7 @@ mod tests {
             TensorData::new(values.clone(), [30, 100]),
             &Default::default(),
         );
-        assert!(on_device(&bare, Rule::new(1, 0.5)).is_none());
+        assert!(on_device(bare.clone(), Rule::new(1, 0.5)).is_err());
         assert_eq!(dropout.forward(bare).into_data().into_vec::<f32>().unwrap(), values);
     }
 }

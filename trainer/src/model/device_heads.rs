@@ -1,8 +1,8 @@
 //! The attention's heads as one operation each way on the CubeCL backends (wgpu, CUDA; fused or
 //! not): a projection `[B, T, H * dk]` laid out head by head, `[B, H, T, dk]`, with up to two
-//! biases `[H, dk]` added (the projection's own, left out of its product, and for the queries a
-//! position bias, `u` or `v`), and the heads' context back to `[B, T, H * dk]`
-//! (`encoder::split_heads`, `encoder::merge_heads`).
+//! biases added (the projection's own `[H * dk]`, left out of its product, and for the queries
+//! a position bias `[H, dk]`, `u` or `v`; [`HeadBias`]), and the heads' context back to
+//! `[B, T, H * dk]` (`encoder::split_heads`, `encoder::merge_heads`).
 //!
 //! As views (a reshape and a swap of axes) the heads cost nothing, but CubeCL's matrix product
 //! copies an operand whose batch axes interleave with its rows ("highly permuted" in
@@ -11,23 +11,28 @@
 //! be reshaped; the query's two biases were two sums forward and four reductions backward. Here
 //! the split writes the head-major layout once, so the products read contiguous or transposed
 //! operands, and adds the biases, the projection's included, in the same pass; each backward is
-//! one kernel (the inverse permutation), plus, with biases, one sum of that gradient's rows
-//! (Burn's), which is every bias's gradient.
+//! one kernel (the inverse permutation), plus, with biases, one sum of that gradient's rows,
+//! which is every bias's gradient. Each bias keeps its own shape, both ways: a projection's
+//! bias reshaped to `[H, dk]` was an operation of fusion's stream forward and one backward, 96
+//! a step at the 0.6B preset's 24 layers, beside their drops (bench/RESULTS.md, 2026-12-01,
+//! "The old parameters released"). Only where the two biases' shapes differ (the queries') is
+//! the one sum reshaped for the second.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors of fewer than `2^32` elements; `None` elsewhere, and the
 //! caller runs the views.
 //!
-//! Invariants: `split(x, [b1, b2])[b, h, t, j] = (x[b, t, h * dk + j] + b1[h, j]) + b2[h, j]`
-//! (the views' sums in their order, bit for bit); `merge` is the inverse permutation without a
-//! bias; the input's gradient is the inverse permutation of the output's, and each bias's is
-//! the output's gradient summed over `b` and `t`.
+//! Invariants: `split(x, [b1, b2])[b, h, t, j] = (x[b, t, h * dk + j] + b1[h * dk + j]) +
+//! b2[h * dk + j]`, each bias read as its elements in row-major order whatever its shape (the
+//! views' sums in their order, bit for bit); `merge` is the inverse permutation without a bias;
+//! the input's gradient is the inverse permutation of the output's, and each bias's is the
+//! output's gradient summed over `b` and `t`, in the bias's shape.
 
 use asr_tdt::fusion::in_stream;
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -37,6 +42,7 @@ use super::device_op::{
     self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
 use super::device_sum::DeviceSum;
+use super::encoder::HeadBias;
 use super::host_depthwise::{cast, float};
 
 /// One unit per element of `y` `[A, Q, P, R]` from `x` `[A, P, Q, R]` (the middle axes
@@ -197,27 +203,28 @@ impl Swap {
     }
 
     /// The input's gradient and every bias's: the sum of the input's gradient's rows (each
-    /// bias element `(q, r)` adds to the input's column `q * R + r` of every row), `[Q, R]`.
+    /// bias element `(q, r)` adds to the input's column `q * R + r` of every row), shaped
+    /// `bias` (`[Q * R]` or `[Q, R]`).
     fn grads_with_bias<B: DeviceHeads>(
         &self,
         dy: FloatTensor<B>,
+        bias: &[usize],
     ) -> (FloatTensor<B>, FloatTensor<B>) {
         let dx = self.input_grad::<B>(dy);
-        let [_, _, q, r] = self.view;
-        let db = B::sum_rows(dx.clone(), vec![q, r]);
+        let db = B::sum_rows(dx.clone(), bias.to_vec());
         (dx, db)
     }
 }
 
-/// [`Swap`] plus one bias `[Q, R]`, its second input.
+/// [`Swap`] plus one bias of `Q * R` elements, its second input, shaped as the second field.
 #[derive(Debug, Clone)]
-struct BiasedSwap(Swap);
+struct BiasedSwap(Swap, Vec<usize>);
 
 impl<B: DeviceHeads> DeviceBackward<B, 2> for BiasedSwap {
     type Saved = ();
 
     fn backward(&self, _: (), dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        let (dx, db) = self.0.grads_with_bias::<B>(dy);
+        let (dx, db) = self.0.grads_with_bias::<B>(dy, &self.1);
         [dx, db]
     }
 }
@@ -228,16 +235,23 @@ impl<B: DeviceHeads> DeviceOp<B, 2> for BiasedSwap {
     }
 }
 
-/// [`Swap`] plus two biases, its second and third inputs (one gradient for both).
+/// [`Swap`] plus two biases, its second and third inputs, shaped as the second field's (one
+/// gradient for both, reshaped for the second where their shapes differ).
 #[derive(Debug, Clone)]
-struct TwiceBiasedSwap(Swap);
+struct TwiceBiasedSwap(Swap, [Vec<usize>; 2]);
 
 impl<B: DeviceHeads> DeviceBackward<B, 3> for TwiceBiasedSwap {
     type Saved = ();
 
     fn backward(&self, _: (), dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
-        let (dx, db) = self.0.grads_with_bias::<B>(dy);
-        [dx, db.clone(), db]
+        let [first, second] = &self.1;
+        let (dx, db) = self.0.grads_with_bias::<B>(dy, first);
+        let db2 = if first == second {
+            db.clone()
+        } else {
+            B::float_reshape(db.clone(), second.clone().into())
+        };
+        [dx, db, db2]
     }
 }
 
@@ -263,11 +277,15 @@ fn tracked<T: DeviceHeads>(
     x: FloatTensor<Autodiff<T>>,
     biases: Vec<FloatTensor<Autodiff<T>>>,
 ) -> FloatTensor<Autodiff<T>> {
+    let dims = |b: &FloatTensor<Autodiff<T>>| b.shape().to_vec();
     let mut biases = biases.into_iter();
     match (biases.next(), biases.next()) {
         (None, _) => device_op::tracked(swap, [x]),
-        (Some(b1), None) => device_op::tracked(BiasedSwap(swap), [x, b1]),
-        (Some(b1), Some(b2)) => device_op::tracked(TwiceBiasedSwap(swap), [x, b1, b2]),
+        (Some(b1), None) => device_op::tracked(BiasedSwap(swap, dims(&b1)), [x, b1]),
+        (Some(b1), Some(b2)) => {
+            let shapes = [dims(&b1), dims(&b2)];
+            device_op::tracked(TwiceBiasedSwap(swap, shapes), [x, b1, b2])
+        }
     }
 }
 
@@ -287,73 +305,108 @@ pub fn takes<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
     false
 }
 
-/// `x` `[B, T, H * dk]` as `[B, H, T, dk]` (`heads` = `H`) plus `biases` (at most two, `[H, dk]`
-/// each, added in order), as one operation where [`takes`] says so and the shapes agree;
-/// `None` elsewhere.
+/// `u`'s elements' count.
+fn bias_elements<B: Backend>(u: &HeadBias<B>) -> usize {
+    match u {
+        HeadBias::Flat(t) => t.shape().num_elements(),
+        HeadBias::Heads(t) => t.shape().num_elements(),
+    }
+}
+
+/// Whether the operations take `u`: f32, under `2^32` elements.
+fn bias_fits<B: Backend>(u: &HeadBias<B>) -> bool {
+    match u {
+        HeadBias::Flat(t) => fits(t),
+        HeadBias::Heads(t) => fits(t),
+    }
+}
+
+/// `u`'s primitive on `T` (`B` is `T`), whatever its rank; `None` where `B` is not `T`.
+fn bias_primitive<B: Backend, T: Backend>(u: &HeadBias<B>) -> Option<FloatTensor<T>> {
+    match u {
+        HeadBias::Flat(t) => cast::<_, Tensor<T, 1>>(t.clone()).map(float),
+        HeadBias::Heads(t) => cast::<_, Tensor<T, 2>>(t.clone()).map(float),
+    }
+}
+
+/// `x` `[B, T, H * dk]` as `[B, H, T, dk]` (`heads` = `H`) plus `biases` (at most two, `H * dk`
+/// elements each, added in order), as one operation where [`takes`] says so and the shapes
+/// agree; `x` given back elsewhere. `x` is taken, not borrowed: where the caller held its last
+/// handle the operation holds it (under fusion, queued read-write), where a clone left the
+/// caller's to be dropped after, a drop operation of fusion's stream (bench/RESULTS.md,
+/// 2026-12-01, "The old parameters released").
 pub fn split<B: Backend>(
-    x: &Tensor<B, 3>,
-    biases: &[Tensor<B, 2>],
+    x: Tensor<B, 3>,
+    biases: &[HeadBias<B>],
     heads: usize,
-) -> Option<Tensor<B, 4>> {
+) -> Result<Tensor<B, 4>, Tensor<B, 3>> {
     let [b, t, d] = x.dims();
-    if heads == 0 || !d.is_multiple_of(heads) || biases.len() > 2 || !takes(x) {
-        return None;
+    if heads == 0 || !d.is_multiple_of(heads) || biases.len() > 2 || !takes(&x) {
+        return Err(x);
     }
     let dk = d / heads;
-    if biases.iter().any(|u| u.dims() != [heads, dk] || !fits(u)) {
-        return None;
+    if biases.iter().any(|u| bias_elements(u) != d || !bias_fits(u)) {
+        return Err(x);
     }
     let swap = Swap { view: [b, t, heads, dk], dims: vec![b, t, d], out: vec![b, heads, t, dk] };
     on_cube_types!(
         B,
         T,
         {
-            let mut parts = Vec::with_capacity(biases.len());
-            for u in biases {
-                parts.push(float(cast::<_, Tensor<Autodiff<T>, 2>>(u.clone())?));
-            }
-            let x = float(cast::<_, Tensor<Autodiff<T>, 3>>(x.clone())?);
+            let parts = biases
+                .iter()
+                .map(|u| {
+                    bias_primitive::<B, Autodiff<T>>(u).unwrap_or_else(|| unreachable!("B is T"))
+                })
+                .collect();
+            let x = float(
+                cast::<_, Tensor<Autodiff<T>, 3>>(x).unwrap_or_else(|| unreachable!("B is T")),
+            );
             let y = tracked::<T>(swap, x, parts);
-            cast(Tensor::<Autodiff<T>, 4>::from_primitive(TensorPrimitive::Float(y)))
+            Ok(cast(Tensor::<Autodiff<T>, 4>::from_primitive(TensorPrimitive::Float(y)))
+                .unwrap_or_else(|| unreachable!("B is T")))
         },
         {
-            let mut parts = Vec::with_capacity(biases.len());
-            for u in biases {
-                parts.push(float(cast::<_, Tensor<T, 2>>(u.clone())?));
-            }
-            let x = float(cast::<_, Tensor<T, 3>>(x.clone())?);
-            cast(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(run::<T>(swap, x, parts))))
+            let parts = biases
+                .iter()
+                .map(|u| bias_primitive::<B, T>(u).unwrap_or_else(|| unreachable!("B is T")))
+                .collect();
+            let x = float(cast::<_, Tensor<T, 3>>(x).unwrap_or_else(|| unreachable!("B is T")));
+            let y = run::<T>(swap, x, parts);
+            Ok(cast(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)))
+                .unwrap_or_else(|| unreachable!("B is T")))
         }
     );
-    None
+    Err(x)
 }
 
 /// `y` `[B, H, T, dk]` as `[B, T, H * dk]`, the inverse of [`split`] without a bias, as one
-/// operation where [`takes`] says so; `None` elsewhere.
-pub fn merge<B: Backend>(y: &Tensor<B, 4>) -> Option<Tensor<B, 3>> {
+/// operation where [`takes`] says so; `y` given back elsewhere (taken as [`split`] takes `x`).
+pub fn merge<B: Backend>(y: Tensor<B, 4>) -> Result<Tensor<B, 3>, Tensor<B, 4>> {
     let [b, h, t, dk] = y.dims();
-    if !takes(y) {
-        return None;
+    if !takes(&y) {
+        return Err(y);
     }
     let swap = Swap { view: [b, h, t, dk], dims: vec![b, h, t, dk], out: vec![b, t, h * dk] };
     on_cube_types!(
         B,
         T,
         {
-            let y = float(cast::<_, Tensor<Autodiff<T>, 4>>(y.clone())?);
+            let y = float(
+                cast::<_, Tensor<Autodiff<T>, 4>>(y).unwrap_or_else(|| unreachable!("B is T")),
+            );
             let x = tracked::<T>(swap, y, Vec::new());
-            cast(Tensor::<Autodiff<T>, 3>::from_primitive(TensorPrimitive::Float(x)))
+            Ok(cast(Tensor::<Autodiff<T>, 3>::from_primitive(TensorPrimitive::Float(x)))
+                .unwrap_or_else(|| unreachable!("B is T")))
         },
         {
-            let y = float(cast::<_, Tensor<T, 4>>(y.clone())?);
-            cast(Tensor::<T, 3>::from_primitive(TensorPrimitive::Float(run::<T>(
-                swap,
-                y,
-                Vec::new(),
-            ))))
+            let y = float(cast::<_, Tensor<T, 4>>(y).unwrap_or_else(|| unreachable!("B is T")));
+            let x = run::<T>(swap, y, Vec::new());
+            Ok(cast(Tensor::<T, 3>::from_primitive(TensorPrimitive::Float(x)))
+                .unwrap_or_else(|| unreachable!("B is T")))
         }
     );
-    None
+    Err(y)
 }
 
 #[cfg(test)]
@@ -363,9 +416,10 @@ mod tests {
     use crate::model::device_op::relative_difference;
     use burn::tensor::Distribution;
 
-    /// Split (the queries with two biases, the keys with one), products and merge as the
-    /// attention runs them, against the views on the same backend: the output, and the
-    /// gradients of the input and the biases under a weighted sum. Returns the gradients'
+    /// Split (the queries with two biases, a projection's `[H * dk]` and a position bias
+    /// `[H, dk]`; the keys with one, `[H * dk]`), products and merge as the attention runs
+    /// them, against the views on the same backend: the output, and the gradients of the input
+    /// and the biases under a weighted sum (each in its bias's shape). Returns the gradients'
     /// largest differences relative to their largest values, input then biases (the outputs
     /// must be the same bits).
     fn against_the_views<B: DeviceHeads>(b: usize, t: usize, heads: usize, dk: usize) -> [f32; 4] {
@@ -376,35 +430,39 @@ mod tests {
         let normal =
             |n: usize| Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &device);
         let x = normal(b * t * d).reshape([b, t, d]);
-        let [c, u, e] = [0, 1, 2].map(|_| normal(d).reshape([heads, dk]));
+        let [c, e] = [0, 1].map(|_| normal(d));
+        let u = normal(d).reshape([heads, dk]);
         let weights = normal(b * t * d).reshape([b, t, d]);
         let run = |device_form: bool| {
             let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
-            let [ca, ua, ea] =
-                [&c, &u, &e].map(|t| Tensor::<A<B>, 2>::from_inner(t.clone()).require_grad());
+            let [ca, ea] =
+                [&c, &e].map(|t| Tensor::<A<B>, 1>::from_inner(t.clone()).require_grad());
+            let ua = Tensor::<A<B>, 2>::from_inner(u.clone()).require_grad();
+            let q_biases = [HeadBias::Flat(ca.clone()), HeadBias::Heads(ua.clone())];
+            let k_biases = [HeadBias::Flat(ea.clone())];
             let (q, k) = if device_form {
                 (
-                    split(&xa, &[ca.clone(), ua.clone()], heads).expect("a CubeCL type"),
-                    split(&xa, std::slice::from_ref(&ea), heads).expect("a CubeCL type"),
+                    split(xa.clone(), &q_biases, heads).expect("a CubeCL type"),
+                    split(xa.clone(), &k_biases, heads).expect("a CubeCL type"),
                 )
             } else {
                 let v = xa.clone().reshape([b, t, heads, dk]);
-                let per_head = |t: &Tensor<A<B>, 2>| t.clone().reshape([1, 1, heads, dk]);
-                (
-                    (v.clone() + per_head(&ca) + per_head(&ua)).swap_dims(1, 2),
-                    (v + per_head(&ea)).swap_dims(1, 2),
-                )
+                let [qc, qu] = q_biases.map(|u| u.per_head(heads, dk));
+                let [ke] = k_biases.map(|u| u.per_head(heads, dk));
+                ((v.clone() + qc + qu).swap_dims(1, 2), (v + ke).swap_dims(1, 2))
             };
             // The scores and a context from them, merged back.
             let ctx = q.matmul(k.clone().swap_dims(2, 3)).matmul(k);
             let y = if device_form {
-                merge(&ctx).expect("a CubeCL type")
+                merge(ctx).expect("a CubeCL type")
             } else {
                 ctx.swap_dims(1, 2).reshape([b, t, d])
             };
             let grads = (y.clone() * Tensor::from_inner(weights.clone())).sum().backward();
-            let [dc, du, de] = [&ca, &ua, &ea].map(|t| t.grad(&grads).unwrap());
-            (y.inner(), xa.grad(&grads).unwrap(), [dc, du, de])
+            let [dc, de] = [&ca, &ea].map(|t| t.grad(&grads).unwrap());
+            let du = ua.grad(&grads).unwrap();
+            assert_eq!(du.dims(), [heads, dk], "the position bias's gradient in its shape");
+            (y.inner(), xa.grad(&grads).unwrap(), [dc, du.reshape([d]), de])
         };
         let (y, dx, [dc, du, de]) = run(true);
         let (y0, dx0, [dc0, du0, de0]) = run(false);
@@ -447,14 +505,21 @@ mod tests {
     #[test]
     fn other_types_and_shapes_are_left_to_the_views() {
         let x = Tensor::<burn::backend::NdArray, 3>::zeros([1, 2, 4], &Default::default());
-        assert!(split(&x, &[], 2).is_none() && !takes(&x), "not a CubeCL type");
+        assert!(split(x.clone(), &[], 2).is_err() && !takes(&x), "not a CubeCL type");
         let x = Tensor::<burn::backend::Wgpu, 3>::zeros([1, 2, 6], &Default::default());
         assert!(takes(&x));
-        assert!(split(&x, &[], 4).is_none(), "6 channels in 4 heads");
-        let u = Tensor::<burn::backend::Wgpu, 2>::zeros([2, 2], &Default::default());
-        assert!(split(&x, std::slice::from_ref(&u), 2).is_none(), "a bias of another shape");
-        let u = Tensor::<burn::backend::Wgpu, 2>::zeros([2, 3], &Default::default());
-        assert!(split(&x, &[u.clone(), u.clone(), u.clone()], 2).is_none(), "three biases");
-        assert!(split(&x, &[u.clone(), u], 2).is_some());
+        assert!(split(x.clone(), &[], 4).is_err(), "6 channels in 4 heads");
+        let heads = |dims: [usize; 2]| {
+            HeadBias::Heads(Tensor::<burn::backend::Wgpu, 2>::zeros(dims, &Default::default()))
+        };
+        let flat = |n: usize| {
+            HeadBias::Flat(Tensor::<burn::backend::Wgpu, 1>::zeros([n], &Default::default()))
+        };
+        assert!(split(x.clone(), &[heads([2, 2])], 2).is_err(), "a bias of another size");
+        assert!(split(x.clone(), &[flat(4)], 2).is_err(), "a flat bias of another size");
+        let u = heads([2, 3]);
+        assert!(split(x.clone(), &[u.clone(), u.clone(), u.clone()], 2).is_err(), "three biases");
+        assert!(split(x.clone(), &[u.clone(), u], 2).is_ok());
+        assert!(split(x.clone(), &[flat(6), heads([2, 3])], 2).is_ok());
     }
 }

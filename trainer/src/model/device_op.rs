@@ -222,28 +222,45 @@ impl<B: Backend, O: DeviceBackward<B, N>, const N: usize> Backward<B, N> for OpB
     }
 }
 
-/// `op`'s output `y` under autodiff: one node with `inputs` as parents, in order, keeping
-/// `saved` only where one of them is tracked.
-pub fn node<B: Backend, O: DeviceBackward<B, N>, const N: usize>(
+/// `op` under autodiff with the forward `forward`: the output and what `op`'s backward keeps
+/// from the inputs' primitives, then one node with `inputs` as parents, in order, keeping the
+/// saved part only where one of them is tracked.
+///
+/// The primitives are moved out of `inputs`, not cloned: where the caller gave up its last
+/// handle on an input, the forward holds it, and under fusion the operation that reads it
+/// last is queued read-write and frees it. A clone left the autodiff tensor's own handle to be
+/// dropped after the forward, which fusion records as a drop operation of its own, explored
+/// and executed like any other: about 370 of a step's 1,572 drops at bench/fusion_ops.sh's
+/// preset (bench/RESULTS.md, 2026-12-01, "The old parameters released"). The inputs' nodes
+/// and reference counts are held until the node is made, as the tensors were.
+pub fn tracked_with<B, O, F, const N: usize>(
     op: O,
-    inputs: &[FloatTensor<Autodiff<B>>; N],
-    y: FloatTensor<B>,
-    saved: O::Saved,
-) -> FloatTensor<Autodiff<B>> {
+    inputs: [FloatTensor<Autodiff<B>>; N],
+    forward: F,
+) -> FloatTensor<Autodiff<B>>
+where
+    B: Backend,
+    O: DeviceBackward<B, N>,
+    F: FnOnce(&O, [FloatTensor<B>; N]) -> (FloatTensor<B>, O::Saved),
+{
     let parents = inputs.each_ref().map(|t| t.node.clone());
-    match OpBackward(op).prepare::<NoCheckpointing>(parents).compute_bound().stateful() {
+    let counts = inputs.each_ref().map(|t| t.rc.clone());
+    let (y, saved) = forward(&op, inputs.map(|t| t.primitive));
+    let y = match OpBackward(op).prepare::<NoCheckpointing>(parents).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(saved, y),
         OpsKind::UnTracked(prep) => prep.finish(y),
-    }
+    };
+    drop(counts);
+    y
 }
 
-/// `op` under autodiff: its forward, and one node with the inputs as parents.
+/// `op` under autodiff: its forward, and one node with the inputs as parents
+/// ([`tracked_with`]).
 pub fn tracked<B: Backend, O: DeviceOp<B, N>, const N: usize>(
     op: O,
     inputs: [FloatTensor<Autodiff<B>>; N],
 ) -> FloatTensor<Autodiff<B>> {
-    let (y, saved) = op.forward(inputs.each_ref().map(|t| t.primitive.clone()));
-    node(op, &inputs, y, saved)
+    tracked_with(op, inputs, |op, x| op.forward(x))
 }
 
 /// Largest |a - b| relative to the largest |b| (the device operations' tests).

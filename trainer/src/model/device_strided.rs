@@ -405,10 +405,10 @@ fn tracked<B: DeviceStrided>(
     let inputs = [float(x), float(weight), float(bias)];
     // Whether the input is a tracked parent (`is_require_grad` is true for leaves only).
     let input_grad = !inputs[0].node.requirement.is_none();
-    let [xp, wp, bp] = inputs.each_ref().map(|t| t.primitive.clone());
-    let y = B::strided_forward(xp.clone(), wp.clone(), bp);
     let op = StridedBackward { input_grad };
-    let y = device_op::node(op, &inputs, y, Saved { x: xp, weight: wp });
+    let y = device_op::tracked_with(op, inputs, |_, [x, weight, bias]| {
+        (B::strided_forward(x.clone(), weight.clone(), bias), Saved { x, weight })
+    });
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

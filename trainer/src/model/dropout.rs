@@ -91,9 +91,10 @@ impl Dropout {
             return x * Tensor::from_data(TensorData::new(mask, shape), &device);
         }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if let Some(y) = super::device_dropout::on_device(&x, rule) {
-            return y;
-        }
+        let x = match super::device_dropout::on_device(x, rule) {
+            Ok(y) => return y,
+            Err(x) => x,
+        };
         x.clone().random_like(Distribution::Bernoulli(keep)) * x / keep
     }
 
@@ -123,9 +124,10 @@ impl Dropout {
             return x + f * Tensor::from_data(TensorData::new(mask, shape), &device);
         }
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        if let Some(y) = super::device_dropout::residual_on_device(&x, &f, rule) {
-            return y;
-        }
+        let (x, f) = match super::device_dropout::residual_on_device(x, f, rule) {
+            Ok(y) => return y,
+            Err(inputs) => inputs,
+        };
         x + f.clone().random_like(Distribution::Bernoulli(keep)) * f * (factor as f64 / keep)
     }
 }

@@ -210,13 +210,15 @@ impl<B: Backend> RelPositionAttention<B> {
         let (h, dk) = (self.heads, d / self.heads);
         // [B, H, T, dk] each, the query's two with their position biases.
         let (q, bq) = project(p, &self.q, x.clone(), h);
-        let with = |extra: Tensor<B, 2>| bq.iter().cloned().chain([extra]).collect::<Vec<_>>();
+        let with = |extra: Tensor<B, 2>| {
+            bq.iter().cloned().map(HeadBias::Flat).chain([HeadBias::Heads(extra)]).collect()
+        };
         let q_u = split_heads(q.clone(), with(self.pos_bias_u.val()), h);
         let q_v = split_heads(q, with(self.pos_bias_v.val()), h);
         let (k, bk) = project(p, &self.k, x.clone(), h);
-        let k = split_heads(k, bk.into_iter().collect(), h);
+        let k = split_heads(k, bk.into_iter().map(HeadBias::Flat).collect(), h);
         let (v, bv) = project(p, &self.v, x, h);
-        let v = split_heads(v, bv.into_iter().collect(), h);
+        let v = split_heads(v, bv.into_iter().map(HeadBias::Flat).collect(), h);
         // [1, H, 2T-1, dk]
         let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
         // The scores come back in f32: the mask and the softmax run there.
@@ -228,43 +230,64 @@ impl<B: Backend> RelPositionAttention<B> {
 }
 
 /// `layer` of `x` `[B, T, d]` for a split into `heads` heads: where the split is one operation
-/// (`device_heads::takes`) the product alone and the bias as `[H, dk]`, for the split to add;
+/// (`device_heads::takes`) the product alone and the bias `[d]`, for the split to add;
 /// elsewhere the whole linear layer and no bias.
 fn project<B: Backend>(
     p: Precision,
     layer: &Linear<B>,
     x: Tensor<B, 3>,
     heads: usize,
-) -> (Tensor<B, 3>, Option<Tensor<B, 2>>) {
+) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     if let Some(bias) = &layer.bias {
         let [_, _, d] = x.dims();
         if super::device_heads::takes(&x) && d.is_multiple_of(heads) {
-            let bias = bias.val().reshape([heads, d / heads]);
-            return (p.linear_unbiased(layer, x), Some(bias));
+            return (p.linear_unbiased(layer, x), Some(bias.val()));
         }
     }
     let _ = heads;
     (p.linear(layer, x), None)
 }
 
-/// `x` `[B, T, H * dk]` head by head, `[B, H, T, dk]`, plus `biases` (`[H, dk]` each, in order)
-/// in each head. One operation each way on the CubeCL backends (`device_heads`: the products
-/// then read no permuted operand, which they would copy), views and sums elsewhere.
+/// A bias added to each head of a projection split into heads: the projection's own, `[H * dk]`,
+/// or a position bias, `[H, dk]`; the same elements in the same order. Each keeps its shape,
+/// so that neither is reshaped (`device_heads`).
+#[derive(Debug, Clone)]
+pub enum HeadBias<B: Backend> {
+    /// `[H * dk]`.
+    Flat(Tensor<B, 1>),
+    /// `[H, dk]`.
+    Heads(Tensor<B, 2>),
+}
+
+impl<B: Backend> HeadBias<B> {
+    /// As `[1, 1, H, dk]` (`heads` = `H`), to add to the projection viewed head by head.
+    pub fn per_head(self, heads: usize, dk: usize) -> Tensor<B, 4> {
+        match self {
+            Self::Flat(t) => t.reshape([1, 1, heads, dk]),
+            Self::Heads(t) => t.reshape([1, 1, heads, dk]),
+        }
+    }
+}
+
+/// `x` `[B, T, H * dk]` head by head, `[B, H, T, dk]`, plus `biases` (`H * dk` elements each,
+/// in order) in each head. One operation each way on the CubeCL backends (`device_heads`: the
+/// products then read no permuted operand, which they would copy), views and sums elsewhere.
 fn split_heads<B: Backend>(
     x: Tensor<B, 3>,
-    biases: Vec<Tensor<B, 2>>,
+    biases: Vec<HeadBias<B>>,
     heads: usize,
 ) -> Tensor<B, 4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(y) = super::device_heads::split(&x, &biases, heads) {
-        return y;
-    }
+    let x = match super::device_heads::split(x, &biases, heads) {
+        Ok(y) => return y,
+        Err(x) => x,
+    };
     let [b, t, d] = x.dims();
     let dk = d / heads;
     let mut x = x.reshaped([b, t, heads, dk]);
     for u in biases {
-        x = x + u.reshape([1, 1, heads, dk]);
+        x = x + u.per_head(heads, dk);
     }
     x.swap_dims(1, 2)
 }
@@ -272,9 +295,10 @@ fn split_heads<B: Backend>(
 /// The inverse of [`split_heads`] without a bias: `[B, H, T, dk]` to `[B, T, H * dk]`.
 fn merge_heads<B: Backend>(y: Tensor<B, 4>) -> Tensor<B, 3> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(x) = super::device_heads::merge(&y) {
-        return x;
-    }
+    let y = match super::device_heads::merge(y) {
+        Ok(x) => return x,
+        Err(y) => y,
+    };
     let [b, h, t, dk] = y.dims();
     y.swap_dims(1, 2).reshape([b, t, h * dk])
 }
@@ -293,9 +317,10 @@ fn attention_weights<B: Backend>(
     dropout: &Dropout,
 ) -> Tensor<B, 4> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(w) = super::device_attention::on_device(&ac, &bd, keep, divisor, dropout) {
-        return w;
-    }
+    let (ac, bd) = match super::device_attention::on_device(ac, bd, keep, divisor, dropout) {
+        Ok(w) => return w,
+        Err(scores) => scores,
+    };
     // Without the CubeCL operation `keep` is unused: the tensor form masks with `pad`.
     let _ = keep;
     dropout.forward(attention_weights_tensor_form(ac, bd, pad, divisor))

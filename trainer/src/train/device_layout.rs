@@ -110,6 +110,11 @@ pub trait DeviceLayout: Backend {
     fn split(flat: FloatTensor<Self>, pieces: Vec<(usize, Vec<usize>)>) -> Vec<FloatTensor<Self>> {
         views::<Self>(flat, pieces)
     }
+
+    /// Drops `tensors`. Under fusion, one operation for all of them (see [`release`]).
+    fn release(tensors: Vec<FloatTensor<Self>>) {
+        drop(tensors);
+    }
 }
 
 impl<R, F, I, BT> DeviceLayout for CubeBackend<R, F, I, BT>
@@ -212,6 +217,17 @@ where
             None => unreachable!("split: no input"),
         })
     }
+
+    fn release(tensors: Vec<FloatTensor<Self>>) {
+        if !tensors.is_empty() {
+            // Each input whose handle is the last is queued read-write: fusion registers no drop
+            // of its own for it, and the operation's run frees it on fusion's thread.
+            in_stream_vec::<B, _>("release", tensors, Vec::new(), |tensors| {
+                drop(tensors);
+                Vec::new()
+            });
+        }
+    }
 }
 
 /// `parts` placed at their offsets in a flat tensor of `len` elements, zeros elsewhere (see the
@@ -266,6 +282,23 @@ pub fn split<B: Backend>(
         }
     });
     views::<B>(flat, pieces)
+}
+
+/// Drops `tensors`, as one operation of fusion's stream where the backend is one of the
+/// trainer's CubeCL types under fusion (bare), else one by one. Fusion registers a drop
+/// operation for each tensor whose last handle is dropped outside an operation: the optimizer's
+/// old parameter values, one per parameter tensor each step, were about 1,000 of the 0.6B
+/// preset's operations a step (bench/RESULTS.md, 2026-12-01, "The old parameters released").
+/// A tensor with another handle is left to that handle.
+pub fn release<B: Backend>(tensors: Vec<FloatTensor<B>>) {
+    on_cube_types!(B, T, { drop(tensors) }, {
+        let tensors = tensors
+            .into_iter()
+            .map(|t| cast::<_, FloatTensor<T>>(t).unwrap_or_else(|| unreachable!("B is T")))
+            .collect();
+        T::release(tensors)
+    });
+    drop(tensors);
 }
 
 #[cfg(test)]

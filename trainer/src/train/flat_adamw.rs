@@ -53,6 +53,32 @@ use hashbrown::HashMap;
 use super::adamw::{AdamWSettings, HostAdamW};
 use super::device_memory::largest_buffer;
 
+/// The old values of the parameters an update replaced, to [`Retired::release`] once nothing
+/// else holds them (the caller's own copy of the module, if it kept one, dropped first). Under
+/// fusion a tensor whose last handle is dropped outside an operation costs fusion's stream a
+/// drop operation of its own, which is explored and executed like any other: the old values,
+/// one per parameter tensor each step, were 923 of the 4,925 operations a step of
+/// bench/fusion_ops.sh's preset (bench/RESULTS.md, 2026-12-01, "The old parameters released").
+/// Released, they are one operation; dropped, they are freed as before.
+#[must_use = "release them once the module they came from is gone"]
+pub struct Retired<I: Backend>(Vec<FloatTensor<I>>);
+
+impl<I: Backend> Retired<I> {
+    /// Nothing retired (an update that replaced nothing, or an optimizer that updates in place).
+    pub fn none() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Frees the old values, as one operation under fusion (`device_layout::release`). A value
+    /// something else still holds stays with that holder.
+    pub fn release(self) {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        super::device_layout::release::<I>(self.0);
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        drop(self.0);
+    }
+}
+
 /// The optimizer's record: Burn's adaptor's, per parameter id (see the module).
 pub type AdamWRecord<B> = HashMap<ParamId, AdaptorRecord<HostAdamW, B>>;
 
@@ -579,17 +605,20 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
 
     /// One AdamW update of `module` with learning rate `lr` by `grads` times `factor` (the
     /// clipping, and under f16-mixed the loss scale's inverse), as Burn's `mul_scalar` scales.
+    /// Returns the updated module and the parameters' old values ([`Retired`]).
     pub fn step<M: AutodiffModule<B>>(
         &mut self,
         lr: f64,
         module: M,
         grads: FlatGradients<B::InnerBackend>,
         factor: f64,
-    ) -> M {
+    ) -> (M, Retired<B::InnerBackend>) {
         // `gradients` laid the moments out for this module.
-        let Some(moments) = self.moments.as_mut() else { return module };
+        let Some(moments) = self.moments.as_mut() else { return (module, Retired::none()) };
         let slots = &mut moments.slots;
-        let Some(device) = moments.m.first().map(|m| m.device()) else { return module };
+        let Some(device) = moments.m.first().map(|m| m.device()) else {
+            return (module, Retired::none());
+        };
         let mut run_of = vec![None; slots.len()];
         for (r, run) in grads.runs.iter().enumerate() {
             run_of[run.slots.clone()].iter_mut().for_each(|x| *x = Some(r));
@@ -691,10 +720,11 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
             moments.m.push(m);
             moments.v.push(v);
         }
-        // The new parameters.
+        // The new parameters; the old values are given back (`Retired`).
         struct Put<I: Backend> {
             new_values: Vec<Option<FloatTensor<I>>>,
             k: usize,
+            old: Vec<FloatTensor<I>>,
         }
         impl<B: AutodiffBackend> ModuleMapper<B> for Put<B::InnerBackend> {
             fn map_float<const D: usize>(
@@ -715,10 +745,13 @@ impl<B: AutodiffBackend> FlatAdamW<B> {
                 if new.dtype() != value.dtype() {
                     new = new.cast(value.dtype());
                 }
+                self.old.push(value.inner().into_primitive().tensor());
                 Param::from_mapped_value(id, Tensor::from_inner(new).require_grad(), mapper)
             }
         }
-        module.map(&mut Put { new_values, k: 0 })
+        let mut put = Put { new_values, k: 0, old: Vec::new() };
+        let module = module.map(&mut put);
+        (module, Retired(put.old))
     }
 }
 
@@ -863,7 +896,7 @@ mod tests {
             mb = burn_opt.step(lr, mb, g);
             let g = flat_opt.gradients(&mf, gradients(&mf, step), &device);
             run_counts.push(g.runs.len());
-            mf = flat_opt.step(lr, mf, g, factor);
+            mf = flat_opt.step(lr, mf, g, factor).0;
             assert!(bits(&mb) == bits(&mf), "parameters after step {step}");
             assert!(
                 record_bits(&mb, &burn_opt.to_record())
@@ -884,7 +917,7 @@ mod tests {
                 if step > 2 {
                     *m2 = b2.step(lr, m2.clone(), scaled(m2));
                     let g = f2.gradients(n2, gradients(n2, step), &device);
-                    *n2 = f2.step(lr, n2.clone(), g, factor);
+                    *n2 = f2.step(lr, n2.clone(), g, factor).0;
                     assert!(
                         bits(m2) == bits(&mb),
                         "adaptor resumed from the flat record, step {step}"

@@ -827,8 +827,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
                 (lr, factor)
             })
         };
-        let (model, raw) = self.optim.apply(self.model.clone(), g.grads, &self.device, decide);
+        let (model, raw, retired) =
+            self.optim.apply(self.model.clone(), g.grads, &self.device, decide);
+        // The old model's handles go first, so that the release holds the last of each.
         self.model = model;
+        retired.release();
         let read = read.unwrap_or_else(std::time::Instant::now);
         self.host.norm += read.duration_since(begun).as_secs_f64();
         self.host.update += read.elapsed().as_secs_f64();

@@ -9,7 +9,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::adamw::{AdamWSettings, HostAdamW};
-use super::flat_adamw::{AdamWRecord, FlatAdamW};
+use super::flat_adamw::{AdamWRecord, FlatAdamW, Retired};
 use super::grads;
 use crate::model::TdtModel;
 
@@ -34,29 +34,35 @@ impl<B: AutodiffBackend> Optim<B> {
 
     /// Takes the global norm of `grads`, then, if `decide` (given the norm) gives a learning rate
     /// and a factor, updates `model` by the gradients times the factor (`None`: the model stays
-    /// as it is). Returns the model and the norm.
+    /// as it is). Returns the model, the norm and the parameters' old values, to release once
+    /// the caller's copy of the model, if it kept one, is gone ([`Retired`]).
     pub fn apply(
         &mut self,
         model: TdtModel<B>,
         grads: GradientsParams,
         device: &B::Device,
         decide: impl FnOnce(f64) -> Option<(f64, f64)>,
-    ) -> (TdtModel<B>, f64) {
+    ) -> (TdtModel<B>, f64, Retired<B::InnerBackend>) {
         match self {
             Optim::PerParameter(o) => {
                 let mut grads = grads;
                 let norm = grads::global_norm(&model, &grads);
-                let Some((lr, factor)) = decide(norm) else { return (model, norm) };
+                let Some((lr, factor)) = decide(norm) else {
+                    return (model, norm, Retired::none());
+                };
                 if factor != 1.0 {
                     grads::scale(&model, &mut grads, factor);
                 }
-                (o.step(lr, model, grads), norm)
+                (o.step(lr, model, grads), norm, Retired::none())
             }
             Optim::Flat(o) => {
                 let grads = o.gradients(&model, grads, device);
                 let norm = grads.norm();
-                let Some((lr, factor)) = decide(norm) else { return (model, norm) };
-                (o.step(lr, model, grads, factor), norm)
+                let Some((lr, factor)) = decide(norm) else {
+                    return (model, norm, Retired::none());
+                };
+                let (model, retired) = o.step(lr, model, grads, factor);
+                (model, norm, retired)
             }
         }
     }

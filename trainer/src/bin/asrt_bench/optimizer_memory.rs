@@ -103,7 +103,9 @@ impl OnBackend for OptimizerMemory {
                     let norm = g.norm();
                     norm_times.push(n.elapsed().as_secs_f64());
                     anyhow::ensure!(norm.is_finite(), "the gradients' norm is {norm}");
-                    flat.step(1e-4, model, g, 1.0)
+                    let (model, retired) = flat.step(1e-4, model, g, 1.0);
+                    retired.release();
+                    model
                 }
             };
             sync()?;
