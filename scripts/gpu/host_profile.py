@@ -39,7 +39,8 @@ def classify(dso, mark, symbol):
     # (In an unoptimised build, as a dry run's, the loop is `DeviceClient::enqueue`, and the
     # `spin_loop` it calls, shared with the consumer's loop, counts as work.)
     if ("submit_inner" in symbol or "DeviceClient::enqueue" in symbol
-            or re.search(r"GlobalFusionClient<.*>::register$", symbol)):
+            or re.search(r"GlobalFusionClient<.*>::register$", symbol)
+            or re.search(r"asr_tdt::fusion::enqueue(<|$)", symbol)):
         return "enqueue spin"
     if "Server::start" in symbol:
         return "idle spin"

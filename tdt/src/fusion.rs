@@ -132,6 +132,27 @@ where
     let ins: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
     let desc = CustomOpIr::new(name, &ins, &outs);
     let op = InStream::<B, F> { desc: desc.clone(), run, _backend: PhantomData };
+    enqueue::<B, F>(&client, streams, desc, op)
+}
+
+/// Hands `op` to fusion's thread. Never inlined: in a release build CubeCL's wait for room in
+/// its task ring (`DeviceClient::enqueue`, a spin while fusion's thread is behind) is inlined
+/// into its caller, and a profile's leaf then named [`in_stream_vec`] itself, whose own work is
+/// small. Here the wait is this function's, which `scripts/gpu/host_profile.py` counts as the
+/// enqueue's spin, as it counts fusion's `register` (bench/RESULTS.md, 2026-12-01, "The old
+/// parameters released": the training thread's "work" read 0.86 s a step where 79 % of its
+/// samples were that wait).
+#[inline(never)]
+fn enqueue<B, F>(
+    client: &burn_fusion::client::GlobalFusionClient<B::FusionRuntime>,
+    streams: OperationStreams,
+    desc: CustomOpIr,
+    op: InStream<B, F>,
+) -> Vec<FloatTensor<Fusion<B>>>
+where
+    B: FusionBackend,
+    F: Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync + 'static,
+{
     client.register(streams, OperationIr::Custom(desc), op)
 }
 
