@@ -230,9 +230,10 @@ impl<B: Backend, O: DeviceBackward<B, N>, const N: usize> Backward<B, N> for OpB
 /// handle on an input, the forward holds it, and under fusion the operation that reads it
 /// last is queued read-write and frees it. A clone left the autodiff tensor's own handle to be
 /// dropped after the forward, which fusion records as a drop operation of its own, explored
-/// and executed like any other: about 370 of a step's 1,572 drops at bench/fusion_ops.sh's
-/// preset (bench/RESULTS.md, 2026-12-01, "The old parameters released"). The inputs' nodes
-/// and reference counts are held until the node is made, as the tensors were.
+/// and executed like any other. With the entry points that now take their inputs by value,
+/// about 490 of a step's 1,572 drops at bench/fusion_ops.sh's preset (bench/RESULTS.md,
+/// 2026-12-01, "The old parameters released"). The inputs' nodes and reference counts are
+/// held until the node is made, as the tensors were.
 pub fn tracked_with<B, O, F, const N: usize>(
     op: O,
     inputs: [FloatTensor<Autodiff<B>>; N],

@@ -287,8 +287,9 @@ pub fn split<B: Backend>(
 /// Drops `tensors`, as one operation of fusion's stream where the backend is one of the
 /// trainer's CubeCL types under fusion (bare), else one by one. Fusion registers a drop
 /// operation for each tensor whose last handle is dropped outside an operation: the optimizer's
-/// old parameter values, one per parameter tensor each step, were about 1,000 of the 0.6B
-/// preset's operations a step (bench/RESULTS.md, 2026-12-01, "The old parameters released").
+/// old parameter values, one per parameter tensor each step, were 923 of the 4,925 operations a
+/// step of bench/fusion_ops.sh's preset, the 0.6B preset's structure (bench/RESULTS.md,
+/// 2026-12-01, "The old parameters released").
 /// A tensor with another handle is left to that handle.
 pub fn release<B: Backend>(tensors: Vec<FloatTensor<B>>) {
     on_cube_types!(B, T, { drop(tensors) }, {
