@@ -45,7 +45,7 @@ use super::device_op::{
     CUBE,
 };
 use super::dropout::{Dropout, Rule};
-use super::host_depthwise::{cast, float};
+use super::host_depthwise::{float, same};
 
 /// Row `row` of `[B, H, T, ..]`'s batch element and query.
 #[cube]
@@ -463,20 +463,17 @@ pub fn on_device<B: Backend>(
         return Err((ac, bd));
     }
     let d = divisor as f32;
-    fn is<A: 'static, T: 'static>(a: A) -> T {
-        cast(a).unwrap_or_else(|| unreachable!("B is T"))
-    }
     on_cube_types!(
         B,
         T,
         {
-            let ac: Tensor<Autodiff<T>, 4> = is(ac);
-            let (bd, keep) = (is(bd), is(keep.clone()));
+            let ac: Tensor<Autodiff<T>, 4> = same(ac);
+            let (bd, keep) = (same(bd), same(keep.clone()));
             // The seed is taken only once the operation is sure to run: a fallback draws its own.
             let rule = dropout.draw::<Autodiff<T>>(&ac.device());
-            Ok(is(tracked::<T>(ac, bd, keep, d, rule)))
+            Ok(same(tracked::<T>(ac, bd, keep, d, rule)))
         },
-        { Ok(is(bare::<T>(is(ac), is(bd), is(keep.clone()), d))) }
+        { Ok(same(bare::<T>(same(ac), same(bd), same(keep.clone()), d))) }
     );
     Err((ac, bd))
 }

@@ -28,7 +28,7 @@ use super::device_op::{
     self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
 use super::device_sum::DeviceSum;
-use super::host_depthwise::{cast, float};
+use super::host_depthwise::{float, same};
 
 /// One unit per element of `y` `[.., cols]`: `y = x + b[column]`.
 #[cube(launch)]
@@ -121,29 +121,27 @@ impl<B: DeviceBias> DeviceOp<B, 2> for BiasAdd {
 }
 
 /// `x` `[.., cols]` plus `b` `[cols]` on every row, as one operation where the backend is one
-/// of the trainer's CubeCL types (bare or under autodiff) and the tensors are f32; `None`
-/// elsewhere.
+/// of the trainer's CubeCL types (bare or under autodiff) and the tensors are f32; `x` given
+/// back elsewhere. `x` is taken, not borrowed: the callers add the bias to a product they
+/// made, whose last handle the addition then holds (under fusion, queued read-write), where a
+/// clone left the caller's to be dropped after, a drop operation of fusion's stream (168 a step
+/// at bench/fusion_ops.sh's preset; bench/RESULTS.md, 2026-12-01, "The old parameters
+/// released").
 pub fn on_device<B: Backend, const D: usize>(
-    x: &Tensor<B, D>,
+    x: Tensor<B, D>,
     b: &Tensor<B, 1>,
-) -> Option<Tensor<B, D>> {
-    owned(x.clone(), b)
-}
-
-/// [`on_device`] of `x` itself: where the caller gives up its last handle on `x`, the addition
-/// holds it (under fusion, queued read-write: no drop operation of its own after).
-fn owned<B: Backend, const D: usize>(x: Tensor<B, D>, b: &Tensor<B, 1>) -> Option<Tensor<B, D>> {
+) -> Result<Tensor<B, D>, Tensor<B, D>> {
     if D == 0
         || x.dims()[D - 1] != b.dims()[0]
         || x.dtype() != DType::F32
         || b.dtype() != DType::F32
     {
-        return None;
+        return Err(x);
     }
-    on_cube_types!(B, T, { cast(tracked::<T, D>(cast(x)?, cast(b.clone())?)) }, {
-        cast(bare::<T, D>(cast(x)?, cast(b.clone())?))
+    on_cube_types!(B, T, { Ok(same(tracked::<T, D>(same(x), same(b.clone())))) }, {
+        Ok(same(bare::<T, D>(same(x), same(b.clone()))))
     });
-    None
+    Err(x)
 }
 
 /// A linear layer in f32, `x [.., in] · w + b` (`w` `[in, out]`, Burn's layout): the product
@@ -158,10 +156,7 @@ pub fn linear<B: Backend, const D: usize>(
     if w.dims()[1] != b.dims()[0] || b.dtype() != DType::F32 {
         return None;
     }
-    // The product is this call's own: the addition takes it, not a clone (fusion would drop
-    // the product's handle as an operation of its own, 168 a step at bench/fusion_ops.sh's
-    // preset).
-    owned(super::device_matmul::matmul(x, w)?, b)
+    on_device(super::device_matmul::matmul(x, w)?, b).ok()
 }
 
 /// The addition under autodiff: one node with the rows and the bias as parents.
@@ -203,7 +198,7 @@ mod tests {
             let xa = Tensor::<A<B>, 2>::from_inner(x.clone()).require_grad();
             let ba = Tensor::<A<B>, 1>::from_inner(b.clone()).require_grad();
             let y = if ours {
-                on_device(&xa, &ba).expect("wgpu takes the device addition")
+                on_device(xa.clone(), &ba).expect("wgpu takes the device addition")
             } else {
                 xa.clone() + ba.clone().unsqueeze_dim::<2>(0)
             };
@@ -214,13 +209,13 @@ mod tests {
         let (y0, dx0, db0) = run(false);
         // The bias alone tracked: its gradient as before.
         let ba = Tensor::<A<B>, 1>::from_inner(b.clone()).require_grad();
-        let y1 = on_device(&Tensor::<A<B>, 2>::from_inner(x.clone()), &ba).unwrap();
+        let y1 = on_device(Tensor::<A<B>, 2>::from_inner(x.clone()), &ba).unwrap();
         let grads = (y1 * Tensor::from_inner(w.clone())).sum().backward();
         assert_eq!(
             ba.grad(&grads).unwrap().into_data().into_vec::<f32>().unwrap(),
             db.clone().into_data().into_vec::<f32>().unwrap()
         );
-        let bare = on_device(&x, &b).expect("bare wgpu too");
+        let bare = on_device(x.clone(), &b).expect("bare wgpu too");
         assert_eq!(
             bare.into_data().into_vec::<f32>().unwrap(),
             y0.clone().into_data().into_vec::<f32>().unwrap(),
@@ -256,19 +251,19 @@ mod tests {
             let flat = |t: Tensor<B, 3>| values(t.reshape([3 * 50 * 7]));
             let ba = Tensor::<A<B>, 1>::from_inner(b.clone()).require_grad();
             let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
-            let y = on_device(&xa, &ba).expect("wgpu takes the device addition");
+            let y = on_device(xa.clone(), &ba).expect("wgpu takes the device addition");
             let grads = (y.clone() * Tensor::from_inner(w.clone())).sum().backward();
             let (dx, db) = (xa.grad(&grads).unwrap(), ba.grad(&grads).unwrap());
             let ba = Tensor::<A<B>, 1>::from_inner(b.clone()).require_grad();
             let xa = Tensor::<A<B>, 2>::from_inner(x.clone().reshape([150, 7])).require_grad();
-            let y2 = on_device(&xa, &ba).unwrap();
+            let y2 = on_device(xa.clone(), &ba).unwrap();
             let grads = (y2.clone() * Tensor::from_inner(w.reshape([150, 7]))).sum().backward();
             let (dx2, db2) = (xa.grad(&grads).unwrap(), ba.grad(&grads).unwrap());
             assert_eq!(y.dims(), [3, 50, 7]);
             assert_eq!(flat(y.clone().inner()), values(y2.inner().reshape([150 * 7])));
             assert_eq!(flat(dx), values(dx2.reshape([150 * 7])));
             assert_eq!(values(db), values(db2));
-            assert_eq!(flat(on_device(&x, &b).unwrap()), flat(y.inner()), "bare");
+            assert_eq!(flat(on_device(x.clone(), &b).unwrap()), flat(y.inner()), "bare");
         }
         check::<burn::backend::Wgpu>();
         check::<Fusion<burn::backend::Wgpu>>();

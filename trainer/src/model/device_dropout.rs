@@ -39,7 +39,7 @@ use super::device_op::{
 #[cfg(doc)]
 use super::dropout;
 use super::dropout::Rule;
-use super::host_depthwise::{cast, float};
+use super::host_depthwise::{float, same};
 
 /// [`dropout::lowbias32`] in the kernel (u32 products wrap on every CubeCL target).
 #[cube]
@@ -249,13 +249,12 @@ pub fn residual_on_device<B: Backend, const D: usize>(
         B,
         T,
         {
-            let x: Tensor<Autodiff<T>, D> = cast(x).unwrap_or_else(|| unreachable!("B is T"));
-            let f: Tensor<Autodiff<T>, D> = cast(f).unwrap_or_else(|| unreachable!("B is T"));
+            let x: Tensor<Autodiff<T>, D> = same(x);
+            let f: Tensor<Autodiff<T>, D> = same(f);
             let inputs = [float(x), float(f)];
-            Ok(cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(
+            Ok(same(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(
                 device_op::tracked(Residual(rule), inputs),
-            )))
-            .unwrap_or_else(|| unreachable!("B is T")))
+            ))))
         },
         { Err((x, f)) }
     );
@@ -276,8 +275,8 @@ pub fn on_device<B: Backend, const D: usize>(
         B,
         T,
         {
-            let x = cast(x).unwrap_or_else(|| unreachable!("B is T"));
-            Ok(cast(tracked::<T, D>(rule, x)).unwrap_or_else(|| unreachable!("B is T")))
+            let x = same(x);
+            Ok(same(tracked::<T, D>(rule, x)))
         },
         { Err(x) }
     );

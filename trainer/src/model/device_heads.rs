@@ -43,7 +43,7 @@ use super::device_op::{
 };
 use super::device_sum::DeviceSum;
 use super::encoder::HeadBias;
-use super::host_depthwise::{cast, float};
+use super::host_depthwise::{float, same};
 
 /// One unit per element of `y` `[A, Q, P, R]` from `x` `[A, P, Q, R]` (the middle axes
 /// swapped), plus `b1[q, r]` and then `b2[q, r]` for the first `biases` of the two.
@@ -321,11 +321,11 @@ fn bias_fits<B: Backend>(u: &HeadBias<B>) -> bool {
     }
 }
 
-/// `u`'s primitive on `T` (`B` is `T`), whatever its rank; `None` where `B` is not `T`.
-fn bias_primitive<B: Backend, T: Backend>(u: &HeadBias<B>) -> Option<FloatTensor<T>> {
+/// `u`'s primitive on `T`, whatever its rank, in a branch of `on_cube_types` (`B` is `T`).
+fn bias_primitive<B: Backend, T: Backend>(u: &HeadBias<B>) -> FloatTensor<T> {
     match u {
-        HeadBias::Flat(t) => cast::<_, Tensor<T, 1>>(t.clone()).map(float),
-        HeadBias::Heads(t) => cast::<_, Tensor<T, 2>>(t.clone()).map(float),
+        HeadBias::Flat(t) => float(same::<_, Tensor<T, 1>>(t.clone())),
+        HeadBias::Heads(t) => float(same::<_, Tensor<T, 2>>(t.clone())),
     }
 }
 
@@ -353,28 +353,16 @@ pub fn split<B: Backend>(
         B,
         T,
         {
-            let parts = biases
-                .iter()
-                .map(|u| {
-                    bias_primitive::<B, Autodiff<T>>(u).unwrap_or_else(|| unreachable!("B is T"))
-                })
-                .collect();
-            let x = float(
-                cast::<_, Tensor<Autodiff<T>, 3>>(x).unwrap_or_else(|| unreachable!("B is T")),
-            );
+            let parts = biases.iter().map(bias_primitive::<B, Autodiff<T>>).collect();
+            let x = float(same::<_, Tensor<Autodiff<T>, 3>>(x));
             let y = tracked::<T>(swap, x, parts);
-            Ok(cast(Tensor::<Autodiff<T>, 4>::from_primitive(TensorPrimitive::Float(y)))
-                .unwrap_or_else(|| unreachable!("B is T")))
+            Ok(same(Tensor::<Autodiff<T>, 4>::from_primitive(TensorPrimitive::Float(y))))
         },
         {
-            let parts = biases
-                .iter()
-                .map(|u| bias_primitive::<B, T>(u).unwrap_or_else(|| unreachable!("B is T")))
-                .collect();
-            let x = float(cast::<_, Tensor<T, 3>>(x).unwrap_or_else(|| unreachable!("B is T")));
+            let parts = biases.iter().map(bias_primitive::<B, T>).collect();
+            let x = float(same::<_, Tensor<T, 3>>(x));
             let y = run::<T>(swap, x, parts);
-            Ok(cast(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)))
-                .unwrap_or_else(|| unreachable!("B is T")))
+            Ok(same(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y))))
         }
     );
     Err(x)
@@ -392,18 +380,14 @@ pub fn merge<B: Backend>(y: Tensor<B, 4>) -> Result<Tensor<B, 3>, Tensor<B, 4>> 
         B,
         T,
         {
-            let y = float(
-                cast::<_, Tensor<Autodiff<T>, 4>>(y).unwrap_or_else(|| unreachable!("B is T")),
-            );
+            let y = float(same::<_, Tensor<Autodiff<T>, 4>>(y));
             let x = tracked::<T>(swap, y, Vec::new());
-            Ok(cast(Tensor::<Autodiff<T>, 3>::from_primitive(TensorPrimitive::Float(x)))
-                .unwrap_or_else(|| unreachable!("B is T")))
+            Ok(same(Tensor::<Autodiff<T>, 3>::from_primitive(TensorPrimitive::Float(x))))
         },
         {
-            let y = float(cast::<_, Tensor<T, 4>>(y).unwrap_or_else(|| unreachable!("B is T")));
+            let y = float(same::<_, Tensor<T, 4>>(y));
             let x = run::<T>(swap, y, Vec::new());
-            Ok(cast(Tensor::<T, 3>::from_primitive(TensorPrimitive::Float(x)))
-                .unwrap_or_else(|| unreachable!("B is T")))
+            Ok(same(Tensor::<T, 3>::from_primitive(TensorPrimitive::Float(x))))
         }
     );
     Err(y)

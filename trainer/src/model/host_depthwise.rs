@@ -101,6 +101,13 @@ pub(crate) fn cast<A: 'static, T: 'static>(a: A) -> Option<T> {
     (Box::new(a) as Box<dyn Any>).downcast::<T>().ok().map(|t| *t)
 }
 
+/// `a` as `T` where `A` is `T`: for a branch of `device_op::on_cube_types`, which compared the
+/// backend types first (a mismatch is a bug there).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) fn same<A: 'static, T: 'static>(a: A) -> T {
+    cast(a).unwrap_or_else(|| unreachable!("on_cube_types compared the types"))
+}
+
 pub(crate) fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
     t.into_primitive().tensor()
 }

@@ -206,8 +206,10 @@ impl Precision {
             let rows = x.clone().reshaped([dims[..D - 1].iter().product(), dims[D - 1]]);
             let y = super::device_mixed::product(&rows, &w, dtype)?;
             let y = match b {
-                Some(b) => super::device_bias::on_device(&y, &b)
-                    .unwrap_or_else(|| y + b.unsqueeze_dim::<2>(0)),
+                Some(b) => match super::device_bias::on_device(y, &b) {
+                    Ok(y) => y,
+                    Err(y) => y + b.unsqueeze_dim::<2>(0),
+                },
                 None => y,
             };
             return Some(from_rows(y, dims));

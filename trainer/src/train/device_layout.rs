@@ -43,7 +43,7 @@ use burn_fusion::{Fusion, FusionBackend};
 
 use super::flat_adamw::views;
 use crate::model::device_op::{contiguous, cube_index, cubes, empty, on_cube_types, CUBE};
-use crate::model::host_depthwise::cast;
+use crate::model::host_depthwise::same;
 
 /// Most tensors one launch reads. Each distinct group size is its own compiled kernel; with
 /// 32, the 0.6B preset's ~900 gradients take about 30 launches.
@@ -256,12 +256,10 @@ pub fn on_device<B: Backend>(
         let parts = parts
             .into_iter()
             .filter(|(_, t)| n(t) > 0)
-            .map(|(at, t)| {
-                (at, cast::<_, FloatTensor<T>>(t).unwrap_or_else(|| unreachable!("B is T")))
-            })
+            .map(|(at, t)| (at, same::<_, FloatTensor<T>>(t)))
             .collect();
         let flat = Tensor::<T, 1>::from_primitive(TensorPrimitive::Float(T::lay_out(parts, len)));
-        Ok(cast(flat).unwrap_or_else(|| unreachable!("B is T")))
+        Ok(same(flat))
     });
     Err(parts)
 }
@@ -273,13 +271,7 @@ pub fn split<B: Backend>(
     pieces: Vec<(usize, Vec<usize>)>,
 ) -> Vec<FloatTensor<B>> {
     on_cube_types!(B, T, { views::<B>(flat, pieces) }, {
-        match cast::<_, FloatTensor<T>>(flat) {
-            Some(flat) => T::split(flat, pieces)
-                .into_iter()
-                .map(|t| cast(t).unwrap_or_else(|| unreachable!("B is T")))
-                .collect(),
-            None => unreachable!("B is T"),
-        }
+        T::split(same(flat), pieces).into_iter().map(same).collect()
     });
     views::<B>(flat, pieces)
 }
@@ -293,10 +285,7 @@ pub fn split<B: Backend>(
 /// A tensor with another handle is left to that handle.
 pub fn release<B: Backend>(tensors: Vec<FloatTensor<B>>) {
     on_cube_types!(B, T, { drop(tensors) }, {
-        let tensors = tensors
-            .into_iter()
-            .map(|t| cast::<_, FloatTensor<T>>(t).unwrap_or_else(|| unreachable!("B is T")))
-            .collect();
+        let tensors = tensors.into_iter().map(same::<_, FloatTensor<T>>).collect();
         T::release(tensors)
     });
     drop(tensors);
