@@ -39,6 +39,7 @@ use super::device_op::{
     DeviceBackward, CUBE,
 };
 use super::host_depthwise::{cast, float};
+use super::running_stats;
 
 /// One cube per channel `c` of `x` `[rows, channels]`: its mean and `1 / sqrt(var + eps)` in
 /// `stats[2 c]`, `stats[2 c + 1]`, and its running mean and variance blended with the batch's.
@@ -162,12 +163,17 @@ pub fn batch_norm_backward_input(
 }
 
 /// What the forward keeps for the backward: the input, the scale, and each channel's mean and
-/// reciprocal deviation `[channels, 2]`.
+/// reciprocal deviation `[channels, 2]`; under autodiff also the running mean and variance the
+/// forward replaced (`retired`).
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     stats: FloatTensor<B>,
+    /// The old running statistics' last handles. Fusion records a drop operation for a tensor
+    /// whose last handle is dropped outside an operation (48 a step of the 0.6B preset); these
+    /// end as inputs of the backward's operation, which does not read them.
+    retired: Option<[FloatTensor<B>; 2]>,
 }
 
 /// The normalisation's forward: its output, what the backward needs, and the new running mean
@@ -254,14 +260,16 @@ where
         );
         Forward {
             y,
-            saved: Saved { x, gamma, stats },
+            saved: Saved { x, gamma, stats, retired: None },
             running_mean: new_mean,
             running_var: new_var,
         }
     }
 
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
-        let Saved { x, gamma, stats } = saved;
+        // The retired running statistics, where there are any, are dropped here: without fusion
+        // a drop costs nothing.
+        let Saved { x, gamma, stats, retired: _ } = saved;
         // Under fusion the saved tensors are the operation's own inputs again: on
         // CUDA a tensor Burn made may have pitched rows (a row of 96 f32 in 128), and
         // the kernels index densely. A dense tensor passes through without a copy.
@@ -337,20 +345,32 @@ where
                 [f.y, f.saved.stats, f.running_mean, f.running_var]
             },
         );
-        Forward { y, saved: Saved { x, gamma, stats }, running_mean, running_var }
+        Forward { y, saved: Saved { x, gamma, stats, retired: None }, running_mean, running_var }
     }
 
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
         let dims = saved.x.shape.to_vec();
         let channels = dims.last().copied().unwrap_or(1);
         let outs = [(dims, DType::F32), (vec![channels], DType::F32), (vec![channels], DType::F32)];
-        let Saved { x, gamma, stats } = saved;
-        in_stream::<B, _, 4, 3>(
-            "batch_norm_backward",
-            [x, gamma, stats, dy],
-            outs,
-            |[x, gamma, stats, dy]| B::batch_norm_backward(Saved { x, gamma, stats }, dy),
-        )
+        let Saved { x, gamma, stats, retired } = saved;
+        let inner = |x, gamma, stats, dy| {
+            B::batch_norm_backward(Saved { x, gamma, stats, retired: None }, dy)
+        };
+        match retired {
+            // The old running statistics are inputs only so that they end here (see `Saved`).
+            Some([mean, var]) => in_stream::<B, _, 6, 3>(
+                "batch_norm_backward",
+                [x, gamma, stats, dy, mean, var],
+                outs,
+                move |[x, gamma, stats, dy, _, _]| inner(x, gamma, stats, dy),
+            ),
+            None => in_stream::<B, _, 4, 3>(
+                "batch_norm_backward",
+                [x, gamma, stats, dy],
+                outs,
+                move |[x, gamma, stats, dy]| inner(x, gamma, stats, dy),
+            ),
+        }
     }
 }
 
@@ -367,7 +387,8 @@ impl<B: DeviceBatchNorm> DeviceBackward<B, 3> for BatchNormBackward {
 }
 
 /// The normalisation under autodiff: one node with the input, the scale and the shift as
-/// parents; the running statistics updated in `norm`.
+/// parents; the running statistics replaced in `norm` (`running_stats`), the old ones carried
+/// to the backward (`Saved::retired`).
 fn tracked<B: DeviceBatchNorm, const D: usize>(
     norm: &BatchNorm<Autodiff<B>>,
     x: Tensor<Autodiff<B>, D>,
@@ -377,12 +398,17 @@ fn tracked<B: DeviceBatchNorm, const D: usize>(
         [norm.running_mean.value_sync(), norm.running_var.value_sync()].map(|t| float(t.inner()));
     let y = device_op::tracked_with(BatchNormBackward, inputs, |_, [x, gamma, beta]| {
         let out = B::batch_norm_forward(x, gamma, beta, running, norm.epsilon, norm.momentum);
-        let update = |t| {
-            Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(t)))
+        let replace = |state, t| {
+            let new = Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(
+                TensorPrimitive::Float(t),
+            ));
+            float(running_stats::replace(state, new).inner())
         };
-        norm.running_mean.update(update(out.running_mean));
-        norm.running_var.update(update(out.running_var));
-        (out.y, out.saved)
+        let retired = [
+            replace(&norm.running_mean, out.running_mean),
+            replace(&norm.running_var, out.running_var),
+        ];
+        (out.y, Saved { retired: Some(retired), ..out.saved })
     });
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
@@ -468,8 +494,8 @@ mod tests {
             step = Some((values(out.inner()), values(xa.grad(&grads).unwrap()), dg, db));
         }
         let (y, dx, dg, db) = step.unwrap();
-        let m = values1(norm.running_mean.value().inner());
-        let v = values1(norm.running_var.value().inner());
+        let m = values1(norm.running_mean.value_sync().inner());
+        let v = values1(norm.running_var.value_sync().inner());
         [y, dx, values1(dg), values1(db), m, v]
     }
 

@@ -141,7 +141,10 @@ fn batch_norm<B: Backend>(norm: &BatchNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> 
     if let Some(y) = super::device_batch_norm::train_on_device(norm, &x) {
         return y;
     }
-    norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2)
+    let y = norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2);
+    // Burn's forward leaves its running statistics in a map per thread (`running_stats`).
+    super::running_stats::settle(norm);
+    y
 }
 
 /// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.

@@ -70,8 +70,8 @@ pub fn train_on_host<B: Backend, const D: usize>(
     let device = x.device();
     let update =
         |values: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(values, [c]), &device);
-    norm.running_mean.update(update(blend(&running_mean, &stats.mean)));
-    norm.running_var.update(update(blend(&running_var, &stats.var)));
+    super::running_stats::replace(&norm.running_mean, update(blend(&running_mean, &stats.mean)));
+    super::running_stats::replace(&norm.running_var, update(blend(&running_var, &stats.var)));
     let state = State {
         x: xt.primitive.clone(),
         gamma: g.primitive.clone(),

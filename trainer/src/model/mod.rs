@@ -59,6 +59,7 @@ pub mod mask;
 pub mod matmul_kernel;
 pub mod mel;
 pub mod precision;
+pub mod running_stats;
 
 use burn::prelude::*;
 

@@ -40,8 +40,12 @@ fn config(extra: &str) -> TrainConfig {
     TrainConfig::from_toml(&format!("{CONFIG}{extra}")).unwrap()
 }
 
-/// Every trainable float parameter of a model, in module order, then its running statistics.
+/// Every trainable float parameter of a model, in module order, then its running statistics as
+/// a checkpoint saves them.
 fn parameters(trainer: &Trainer<B>) -> (Vec<f32>, Vec<f32>) {
+    // `into_record` (what a checkpoint calls) folds any update Burn's `RunningState` still holds
+    // for a thread into the value the visitor reads; the clone shares that value.
+    let _record = burn::module::Module::into_record(trainer.model.clone());
     struct Collect(Vec<f32>, Vec<f32>);
     impl ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
