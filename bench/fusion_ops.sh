@@ -7,7 +7,10 @@
 #
 #   bash bench/fusion_ops.sh [ASRT] [DEVICE] [-- fusion_ops.py arguments]
 #
-# FUSION_OPS_STEPS (default 2) is the shorter run's length; FUSION_OPS_KEEP=DIR keeps the logs.
+# FUSION_OPS_STEPS (default 2) is the shorter run's length; FUSION_OPS_ACCUM (default 1) is
+# train.grad_accum (micro-batches a step); FUSION_OPS_KEEP=DIR keeps the logs. ASRT may be a
+# debug build (the counts do not depend on the profile): make-synthetic-corpus is taken from
+# beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
@@ -21,9 +24,9 @@ work="${FUSION_OPS_KEEP:-$(mktemp -d)}"
 mkdir -p "$work"
 [ -z "${FUSION_OPS_KEEP:-}" ] && trap 'rm -rf "$work"' EXIT
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$work}"
-"$target/release/make-synthetic-corpus" "$work/fixed.asrcorpus" --utterances 64 --vocab 1024 \
+"$(dirname "$asrt")/make-synthetic-corpus" "$work/fixed.asrcorpus" --utterances 64 --vocab 1024 \
   --min-seconds 6 --max-seconds 6 --max-tokens 30 > /dev/null
-printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 12.0\n' > "$work/ab.toml"
+printf 'preset = "parakeet-tdt-0.6b"\n[model.encoder]\nd_model = 64\nn_heads = 2\nff_dim = 128\nsubsampling_conv_channels = 16\n[model.decoder]\npred_hidden = 32\npred_rnn_layers = 1\n[model.joint]\njoint_hidden = 32\n[train]\ngrad_accum = %s\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 12.0\n' "${FUSION_OPS_ACCUM:-1}" > "$work/ab.toml"
 short="${FUSION_OPS_STEPS:-2}"
 for steps in "$short" $((short + 1)); do
   rm -rf "$work/run$steps"

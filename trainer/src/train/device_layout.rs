@@ -264,6 +264,13 @@ pub fn on_device<B: Backend>(
     Err(parts)
 }
 
+/// Whether [`on_device`] lays tensors out on `B` as one operation (one of the trainer's CubeCL
+/// types, bare): where it does not, a layout is a fill and a copy per tensor.
+pub fn lays_out_on_device<B: Backend>() -> bool {
+    on_cube_types!(B, T, { false }, { true });
+    false
+}
+
 /// [`views`] of `flat`, as one operation where the backend is one of the trainer's CubeCL
 /// types under fusion (bare), else as a slice and a reshape each.
 pub fn split<B: Backend>(

@@ -208,7 +208,7 @@ fn flat<I: Backend, const D: usize>(t: Tensor<I, D>) -> Tensor<I, 1> {
 
 /// `t` in f32, as a tensor of any shape, to be laid out as its elements ([`laid`]): no reshape
 /// of its own, which would be one more operation per parameter and gradient each step.
-fn elements<I: Backend, const D: usize>(t: Tensor<I, D>) -> FloatTensor<I> {
+pub(super) fn elements<I: Backend, const D: usize>(t: Tensor<I, D>) -> FloatTensor<I> {
     let t = if t.dtype() == DType::F32 { t } else { t.cast(DType::F32) };
     t.into_primitive().tensor()
 }
@@ -243,7 +243,7 @@ pub(crate) fn views<B: Backend>(
 
 /// [`views`] of `flat`: one operation under fusion on the CubeCL backends
 /// (`device_layout::split`), else a slice and a reshape each.
-fn split<I: Backend>(
+pub(super) fn split<I: Backend>(
     flat: FloatTensor<I>,
     pieces: Vec<(usize, Vec<usize>)>,
 ) -> Vec<FloatTensor<I>> {
@@ -257,7 +257,7 @@ fn split<I: Backend>(
 /// most that). CubeCL copies a slice that does not start and end on its alignment; so laid out
 /// this way, a parameter whose size is a multiple of it (nearly all of the 0.6B preset's) is a
 /// view of the updated flat tensor, without a copy or a launch.
-const ALIGN: usize = 128;
+pub(super) const ALIGN: usize = 128;
 
 /// The aligned end of the last of `slots` (of one chunk): where the next one starts.
 fn end(slots: &[Slot]) -> usize {
@@ -280,7 +280,7 @@ const PAGE_FRACTION: u64 = 16;
 
 /// Elements per chunk on `device`: [`CHUNK_BYTES`], or a [`PAGE_FRACTION`] of the device's
 /// largest buffer if smaller, as whole [`ALIGN`]s (at least one).
-fn chunk_elements<D: 'static>(device: &D) -> usize {
+pub(super) fn chunk_elements<D: 'static>(device: &D) -> usize {
     let page = largest_buffer(device).map_or(u64::MAX, |b| b / PAGE_FRACTION);
     let bytes = CHUNK_BYTES.min(page);
     let elements = usize::try_from(bytes / 4).unwrap_or(usize::MAX);
@@ -291,12 +291,17 @@ fn chunk_elements<D: 'static>(device: &D) -> usize {
 /// chunk and first element. It follows the last one where the chunk holds it (or the chunk is
 /// empty), else starts the next chunk.
 fn place(slots: &[Slot], len: usize, chunk: usize) -> (usize, usize) {
-    let Some(last) = slots.last() else { return (0, 0) };
-    let start = (last.start + last.len).next_multiple_of(ALIGN);
+    next_place(slots.last().map(|s| (s.chunk, s.start + s.len)), len, chunk)
+}
+
+/// [`place`] after a last parameter in chunk `last.0` ending (unaligned) at element `last.1`.
+pub(super) fn next_place(last: Option<(usize, usize)>, len: usize, chunk: usize) -> (usize, usize) {
+    let Some((last_chunk, last_end)) = last else { return (0, 0) };
+    let start = last_end.next_multiple_of(ALIGN);
     if start + len > chunk {
-        (last.chunk + 1, 0)
+        (last_chunk + 1, 0)
     } else {
-        (last.chunk, start)
+        (last_chunk, start)
     }
 }
 
@@ -316,7 +321,7 @@ fn chunk_lens(slots: &[Slot]) -> Vec<usize> {
 /// elements, zeros elsewhere: none for a single tensor that fills them, one operation per call
 /// on the CubeCL backends (`device_layout`, a launch per group of tensors), else one fill and
 /// one copy each.
-fn laid<I: Backend>(
+pub(super) fn laid<I: Backend>(
     mut parts: Vec<(usize, FloatTensor<I>)>,
     len: usize,
     device: &I::Device,

@@ -124,7 +124,7 @@ pub fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 
 /// Every float parameter's gradient in module order, as one host array: per parameter a presence
 /// flag (1 if `grads` holds its gradient, else 0) and its values (zeros when absent). (Tests
-/// compare gradients with it; training uses [`flatten_on_device`].)
+/// compare gradients with it; a data-parallel step sums `flat_grads::FlatGrads`.)
 pub fn flatten<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &GradientsParams) -> Vec<f32> {
     struct Flatten<'a> {
         grads: &'a GradientsParams,
@@ -146,74 +146,6 @@ pub fn flatten<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &GradientsPa
         }
     }
     let mut v = Flatten { grads, out: Vec::new() };
-    module.visit(&mut v);
-    v.out
-}
-
-/// Every float parameter's gradient in module order as one tensor on `device` (zeros where
-/// `grads` has none), and a presence flag per parameter (1 or 0): what the ranks sum.
-pub fn flatten_on_device<B: AutodiffBackend, M: Module<B>>(
-    module: &M,
-    grads: &GradientsParams,
-    device: &B::Device,
-) -> (Vec<f32>, Tensor<B::InnerBackend, 1>) {
-    struct Flatten<'a, I: Backend> {
-        grads: &'a GradientsParams,
-        device: &'a I::Device,
-        presence: Vec<f32>,
-        parts: Vec<Tensor<I, 1>>,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_, B::InnerBackend> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let n = param.val().shape().num_elements();
-            match self.grads.get::<B::InnerBackend, D>(param.id) {
-                Some(g) => {
-                    self.presence.push(1.0);
-                    self.parts.push(g.reshape([n]));
-                }
-                None => {
-                    self.presence.push(0.0);
-                    self.parts.push(Tensor::zeros([n], self.device));
-                }
-            }
-        }
-    }
-    let mut v =
-        Flatten::<B::InnerBackend> { grads, device, presence: Vec::new(), parts: Vec::new() };
-    module.visit(&mut v);
-    let flat =
-        if v.parts.is_empty() { Tensor::zeros([0], device) } else { Tensor::cat(v.parts, 0) };
-    (v.presence, flat)
-}
-
-/// The gradients [`flatten_on_device`] laid out (summed over ranks), for the parameters whose
-/// presence is positive (some rank had their gradient).
-pub fn unflatten_from_device<B: AutodiffBackend, M: Module<B>>(
-    module: &M,
-    presence: &[f32],
-    flat: Tensor<B::InnerBackend, 1>,
-) -> GradientsParams {
-    struct Unflatten<'a, I: Backend> {
-        presence: &'a [f32],
-        flat: Tensor<I, 1>,
-        at: usize,
-        k: usize,
-        out: GradientsParams,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_, B::InnerBackend> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let dims: [usize; D] = param.val().dims();
-            let n: usize = dims.iter().product();
-            if self.presence.get(self.k).is_some_and(|&p| p > 0.0) {
-                let g = self.flat.clone().narrow(0, self.at, n).reshape(dims);
-                self.out.register::<B::InnerBackend, D>(param.id, g);
-            }
-            self.at += n;
-            self.k += 1;
-        }
-    }
-    let mut v =
-        Unflatten::<B::InnerBackend> { presence, flat, at: 0, k: 0, out: GradientsParams::new() };
     module.visit(&mut v);
     v.out
 }

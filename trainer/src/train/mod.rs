@@ -24,6 +24,7 @@ pub mod collective;
 pub mod device_layout;
 pub mod device_memory;
 pub mod flat_adamw;
+pub mod flat_grads;
 pub mod fused;
 pub mod grad_norms;
 pub mod grads;
@@ -42,7 +43,7 @@ pub mod tensorboard;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -737,7 +738,7 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
         // Under f16-mixed the loss is multiplied by the scale before backward (`loss_scale`):
         // the division by the micro-batch count carries it.
         let n = divisor.max(1.0) / self.scale();
-        let mut accum = GradientsAccumulator::<TdtModel<B>>::new();
+        let mut sum = flat_grads::GradientSum::<B, TdtModel<B>>::new(&self.device);
         let (mut loss_sum, mut finite, mut non_finite) = (0.0, 0u64, false);
         let (mut audio_seconds, mut utterances) = (0.0, 0u64);
         for (batch, &slot) in batches.iter().zip(slots) {
@@ -762,11 +763,11 @@ impl<B: AutodiffBackend + TdtBackend> Trainer<B> {
             };
             loss_sum += value;
             finite += 1;
-            accum.accumulate(&self.model, grads);
+            sum.add(&self.model, grads);
             lap.to(&mut self.host.backward);
         }
         Ok(StepGradients {
-            grads: accum.grads(),
+            grads: sum.finish(&self.model),
             loss: if finite > 0 { loss_sum / finite as f64 } else { f64::NAN },
             loss_sum,
             finite,

@@ -11,6 +11,8 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use super::collective::{Collective, CollectiveError};
+use super::flat_adamw::chunk_elements;
+use super::flat_grads::FlatGrads;
 use super::{grads, StepGradients};
 use crate::model::TdtModel;
 use asr_tdt::op::TdtBackend;
@@ -181,10 +183,14 @@ impl DeviceAllReduce for burn_fusion::Fusion<burn::backend::Cuda> {
     }
 }
 
-/// Sums `g` over the ranks of `c` (nothing to do for one rank). The gradients are laid out as one
-/// tensor on `device`; when every rank is a device of this process (`peers`, in rank order) and
-/// the backend sums on its devices, they never leave them; otherwise they go through the host,
-/// and between processes through `node` when the backend has its own transport (NCCL).
+/// Sums `g` over the ranks of `c` (nothing to do for one rank). The gradients are laid out flat
+/// on `device` (`flat_grads::FlatGrads`: one operation per chunk on the device backends, where
+/// a reshape per parameter and a concatenation were about three fusion operations per
+/// parameter tensor, each step); when every rank is a device of this process (`peers`, in rank
+/// order) and the backend sums on its devices, they never leave them (one all-reduce per
+/// chunk); otherwise they go through the host in one array, and between processes through
+/// `node` when the backend has its own transport (NCCL). The sums go back as views of the
+/// chunks, for the parameters some rank had a gradient for.
 pub fn reduce<B>(
     model: &TdtModel<B>,
     g: StepGradients,
@@ -200,22 +206,42 @@ where
     if c.world() == 1 {
         return Ok(g);
     }
-    // An autodiff backend's device is its inner backend's.
-    let (mut presence, flat) = grads::flatten_on_device(model, &g.grads, device);
+    // An autodiff backend's device is its inner backend's. Every rank lays out the same chunks
+    // (same model, same kind of device), zeros where it has no gradient.
+    let chunk = chunk_elements(device);
+    let mut flat = FlatGrads::lay_out::<B, _>(model, g.grads, chunk, device);
+    let mut presence = flat.presence();
     c.all_reduce_sum(&mut presence)?;
-    let flat = if B::InnerBackend::DEVICE_ALL_REDUCE && peers.len() == c.world() {
-        B::InnerBackend::device_all_reduce(flat, peers)
+    flat.set_presence(&presence);
+    let chunks = flat.take_chunks();
+    let summed = if B::InnerBackend::DEVICE_ALL_REDUCE && peers.len() == c.world() {
+        chunks.into_iter().map(|t| B::InnerBackend::device_all_reduce(t, peers)).collect()
     } else {
-        let n = flat.dims()[0];
-        let mut host = flat.into_data().convert::<f32>().into_vec::<f32>().map_err(|e| {
-            CollectiveError::Exchange { what: "reading gradients".into(), detail: format!("{e:?}") }
-        })?;
+        let lens: Vec<usize> = chunks.iter().map(|t| t.dims()[0]).collect();
+        let mut host = Vec::with_capacity(lens.iter().sum());
+        for t in chunks {
+            let values = t.into_data().convert::<f32>().into_vec::<f32>().map_err(|e| {
+                CollectiveError::Exchange {
+                    what: "reading gradients".into(),
+                    detail: format!("{e:?}"),
+                }
+            })?;
+            host.extend(values);
+        }
         match node {
             Some(n) => n.sum(&mut host)?,
             None => c.all_reduce_sum(&mut host)?,
         }
-        Tensor::from_data(TensorData::new(host, [n]), device)
+        let mut at = 0;
+        lens.iter()
+            .map(|&n| {
+                let part = host[at..at + n].to_vec();
+                at += n;
+                Tensor::from_data(TensorData::new(part, [n]), device)
+            })
+            .collect()
     };
+    flat.put_chunks(summed);
     let stats = [
         g.loss_sum,
         g.finite as f64,
@@ -235,7 +261,7 @@ where
     }
     let finite = sum[1] as u64;
     Ok(StepGradients {
-        grads: grads::unflatten_from_device(model, &presence, flat),
+        grads: flat.into_grads::<B, _>(model),
         loss: if finite > 0 { sum[0] / finite as f64 } else { f64::NAN },
         loss_sum: sum[0],
         finite,

@@ -202,6 +202,68 @@ fn a_micro_batch_whose_loss_is_not_finite_is_left_out_on_the_device_path() {
     assert!(!skipped && norm.is_finite() && norm > 0.0, "norm {norm}, skipped {skipped}");
 }
 
+/// Two wgpu ranks (fused, as `--devices wgpu,wgpu` trains) sum their gradients as one rank
+/// sums all their micro-batches: each rank's micro-batches summed flat on the device
+/// (`flat_grads`), laid out flat for the sum over ranks, and given back as views. Rank 0 has
+/// two micro-batches, rank 1 one; the presence flags and every value are compared.
+#[test]
+fn two_wgpu_ranks_sum_gradients_as_one_rank_sums_their_micro_batches() {
+    let _turn = crate::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let set = TrainingSet::open(&[DataSpec::new(crate::parallel::corpus(dir.path(), 12))]).unwrap();
+    let cfg = TrainConfig::from_toml(
+        "[model.encoder]\nn_layers = 1\ndropout = 0.0\n[model.preprocessor]\ndither = 0.0\n\
+         [sampler]\nmax_batch_seconds = 4.0\n",
+    )
+    .unwrap();
+    let vocab = set.tokenizer().0 as usize;
+    let batches: Vec<_> = (0..3u32)
+        .map(|k| assemble(&set, &[2 * k, 2 * k + 1], ShapePolicy::default(), AudioFormat::I16))
+        .collect();
+    // One seed: every trainer starts from the same weights.
+    let mut one = Trainer::<Fused>::new(cfg.clone(), vocab, Default::default()).unwrap();
+    let g = one.gradients_at(&batches, &[0, 1, 2], 3.0).unwrap();
+    let single = asr_trainer::flatten_gradients(&one.model, &g.grads);
+    let shares: [&[usize]; 2] = [&[0, 1], &[2]];
+    let members = asr_trainer::LocalGroup::new(2, std::time::Duration::from_secs(120));
+    let (batches, cfg) = (&batches, &cfg);
+    let flats: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = members
+            .into_iter()
+            .map(|mut m| {
+                s.spawn(move || {
+                    use asr_trainer::Collective;
+                    let share = shares[m.rank()];
+                    let mine: Vec<_> = share.iter().map(|&k| batches[k].clone()).collect();
+                    let slots: Vec<u64> = share.iter().map(|&k| k as u64).collect();
+                    let mut t =
+                        Trainer::<Fused>::new(cfg.clone(), vocab, Default::default()).unwrap();
+                    let g = t.gradients_at(&mine, &slots, 3.0).unwrap();
+                    let g = asr_trainer::reduce(&t.model, g, &mut m, &t.device, &[], None).unwrap();
+                    m.finish();
+                    asr_trainer::flatten_gradients(&t.model, &g.grads)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let norm = single.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    assert!(norm > 0.0);
+    for (rank, flat) in flats.iter().enumerate() {
+        assert_eq!(flat.len(), single.len());
+        let diff =
+            flat.iter().zip(&single).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>().sqrt();
+        let differing =
+            flat.iter().zip(&single).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        eprintln!(
+            "rank {rank}: |difference| {diff:e}, |gradient| {norm:e}, {differing} values differ"
+        );
+        assert!(diff <= 1e-6 * norm, "rank {rank}: |difference| {diff:e}, |gradient| {norm:e}");
+    }
+    // Both ranks hold the same sums, bit for bit.
+    assert!(flats[0].iter().zip(&flats[1]).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
 // Measured on lavapipe: 3.44e-4 between the CPU backend (whose TDT loss is float64) and wgpu,
 // 7.3e-7 between wgpu and fused wgpu (the same kernels for the loss and the products; fusion
 // only regroups element-wise work). The bounds are 4.4x and 4.8x those.
