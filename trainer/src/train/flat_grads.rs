@@ -3,8 +3,8 @@
 //!
 //! Burn's `GradientsAccumulator` adds each parameter's gradient on its own: one addition per
 //! parameter tensor for every micro-batch after the first, each an operation of fusion's stream
-//! with its host cost on two threads (199 a micro-batch at bench/fusion_ops.sh's preset, about
-//! 900 at the 0.6B preset's width). [`GradientSum`] keeps the sum as [`FlatGrads`]: each
+//! with its host cost on two threads (922 a micro-batch at bench/fusion_ops.sh's preset, the
+//! 0.6B preset's structure; bench/RESULTS.md, "Gradients summed flat"). [`GradientSum`] keeps the sum as [`FlatGrads`]: each
 //! trainable parameter's gradient at its aligned place in flat f32 tensors, one per chunk (as
 //! `flat_adamw` places parameters, `flat_adamw::next_place`). A micro-batch's gradients are
 //! laid out into a chunk's form in one operation (`device_layout`) and added to it in one
