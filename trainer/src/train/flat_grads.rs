@@ -241,8 +241,9 @@ impl<I: Backend> FlatGrads<I> {
 
     /// The gradients present, with their offsets, grouped by chunk (every chunk, empty or not).
     fn by_chunk(&self, taken: Vec<Taken<I>>) -> Vec<Vec<(usize, FloatTensor<I>)>> {
-        let mut parts: Vec<Vec<(usize, FloatTensor<I>)>> =
-            self.chunk_lens().iter().map(|_| Vec::new()).collect();
+        // Places are in chunk order: the last one's chunk is the last chunk.
+        let count = self.places.last().map_or(0, |p| p.chunk + 1);
+        let mut parts: Vec<Vec<(usize, FloatTensor<I>)>> = (0..count).map(|_| Vec::new()).collect();
         for (place, (_, g)) in self.places.iter().zip(taken) {
             if let Some(g) = g {
                 parts[place.chunk].push((place.start, g));
