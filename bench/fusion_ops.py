@@ -15,6 +15,7 @@ import collections
 import re
 import sys
 
+HEADER = re.compile(r"^idx +block ")
 ROW = re.compile(r"^\d+\s")
 TENSOR_ID = re.compile(r"\bt\d+:")
 
@@ -25,7 +26,9 @@ def read(path):
     cols = None
     with open(path, errors="replace") as log:
         for line in log:
-            if line.startswith("idx  block"):
+            # The idx column is as wide as its widest index: a table of 1,000 operations or
+            # more has "idx   block" (bench/RESULTS.md, 2026-12-06: such tables were skipped).
+            if HEADER.match(line):
                 # The columns are padded to their widest cell: their offsets come from the header.
                 cols = (line.index(" op ") + 1, line.index(" inputs") + 1, line.index(" outputs") + 1)
                 continue

@@ -8,6 +8,10 @@
 //! forward is one kernel and the backward one pass of partial sums per 64-fold of rows (two at
 //! the 0.6B preset), the input's gradient being the output's own (no copy).
 //!
+//! In f32 the kernel runs inside the linear layer's own operation (`device_matmul::linear`:
+//! the product and the bias one operation each way); this operation of its own adds the bias
+//! to mixed precision's products (`device_mixed`).
+//!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors; `None` elsewhere, and the caller adds Burn's way.
 //!
@@ -142,21 +146,6 @@ pub fn on_device<B: Backend, const D: usize>(
         Ok(same(bare::<T, D>(same(x), same(b.clone()))))
     });
     Err(x)
-}
-
-/// A linear layer in f32, `x [.., in] · w + b` (`w` `[in, out]`, Burn's layout): the product
-/// with the chosen kernel as one operation (`device_matmul::matmul`), the bias added by this
-/// one, where [`on_device`] takes the tensors (checked before the product is computed);
-/// `None` elsewhere.
-pub fn linear<B: Backend, const D: usize>(
-    x: &Tensor<B, D>,
-    w: &Tensor<B, 2>,
-    b: &Tensor<B, 1>,
-) -> Option<Tensor<B, D>> {
-    if w.dims()[1] != b.dims()[0] || b.dtype() != DType::F32 {
-        return None;
-    }
-    on_device(super::device_matmul::matmul(x, w)?, b).ok()
 }
 
 /// The addition under autodiff: one node with the rows and the bias as parents.

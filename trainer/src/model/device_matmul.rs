@@ -18,7 +18,9 @@
 //! the operands of the gradients itself, so that under fusion each of the three products is
 //! one operation of its stream with no reshape or transposition beside it
 //! ([`DeviceMatmul::linear_product`]; they were 1,570 of the 0.6B step's 7,116 operations,
-//! bench/RESULTS.md, 2026-12-01). A kernel the device cannot run (CMMA on lavapipe, TMA before
+//! bench/RESULTS.md, 2026-12-01). The layer is one operation each way, its bias included
+//! ([`linear`]): the forward's product and the bias's addition, the backward's two products
+//! and the bias's sum (`device_bias`'s kernels), not five operations. A kernel the device cannot run (CMMA on lavapipe, TMA before
 //! Hopper, TMA on rows not a multiple of 16 bytes) falls back to Burn's product for that product,
 //! saying so once per product and weight shape. Mixed precision's products of two matrices take
 //! the chosen kernel too, on operands already rounded to the half type ([`chosen_product`]).
@@ -34,12 +36,13 @@
 //!
 //! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
 //! 10-bit mantissa on CUDA's tensor cores); the input's gradient is computed only where the
-//! input is tracked, and so is the weight's. A stack's operand of outer size 1 (read by every
+//! input is tracked, and so are the weight's and the bias's; a layer with its bias gives the
+//! bits of the product followed by `device_bias`'s addition, both ways. A stack's operand of outer size 1 (read by every
 //! outer index) gets its gradient summed over the outer axis.
 
 use std::sync::Mutex;
 
-use asr_tdt::fusion::in_stream;
+use asr_tdt::fusion::{in_stream, in_stream_vec};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
@@ -57,6 +60,7 @@ use cubek::matmul::routines::simple::SimpleArgs;
 use cubek::matmul::routines::{BlueprintStrategy, Routine};
 use cubek::std::InputBinding;
 
+use super::device_bias::DeviceBias;
 use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
 use super::host_depthwise::{cast, float};
 pub use super::matmul_kernel::{chosen, Kernel};
@@ -227,8 +231,9 @@ fn report_stack_fallback(form: &'static str, why: &str) {
     }
 }
 
-/// The product with a chosen kernel: the backends that have it.
-pub trait DeviceMatmul: Backend {
+/// The product with a chosen kernel, and a linear layer's bias with it: the backends that have
+/// them.
+pub trait DeviceMatmul: DeviceBias {
     /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, written in f32,
     /// or why it could not run. The operands are f32, or both of mixed precision's half type
     /// (`device_mixed`), which the kernel multiplies as they are, accumulating in f32.
@@ -318,6 +323,41 @@ pub trait DeviceMatmul: Backend {
         } else {
             Self::float_reshape(y, out.into())
         }
+    }
+
+    /// A linear layer, `x [.., in] · w` plus `b` `[out]` on every row where given:
+    /// [`Self::linear_product`], then the bias's addition (`device_bias`). Under fusion one
+    /// operation of its stream, not two ([`Fusion`]'s override).
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+        kernel: Kernel,
+    ) -> FloatTensor<Self> {
+        let y = Self::linear_product(x, w, Form::Forward, kernel);
+        match b {
+            Some(b) => Self::bias_add(y, b),
+            None => y,
+        }
+    }
+
+    /// A linear layer's gradients from its output's `dy` `[.., out]`, in the order input,
+    /// weight, bias: the input's where the weight `w` is given ([`Form::InputGradient`]), the
+    /// weight's where the input `x` is ([`Form::WeightGradient`]), the bias's where `bias` (the
+    /// rows of `dy` summed, `device_sum`). Under fusion one operation of its stream, not one
+    /// each ([`Fusion`]'s override).
+    fn linear_grads(
+        dy: FloatTensor<Self>,
+        w: Option<FloatTensor<Self>>,
+        x: Option<FloatTensor<Self>>,
+        bias: bool,
+        kernel: Kernel,
+    ) -> [Option<FloatTensor<Self>>; 3] {
+        let cols = dy.shape().as_slice().last().copied().unwrap_or(1);
+        let dx = w.map(|w| Self::linear_product(dy.clone(), w, Form::InputGradient, kernel));
+        let dw = x.map(|x| Self::linear_product(x, dy.clone(), Form::WeightGradient, kernel));
+        let db = bias.then(|| Self::sum_rows(dy, vec![cols]));
+        [dx, dw, db]
     }
 
     /// [`Self::try_product`], else Burn's product (reporting why once per site).
@@ -613,15 +653,71 @@ where
             });
         y
     }
+
+    /// With a bias, the product and the addition as one operation of fusion's stream: 173 of
+    /// the 0.6B step's operations were the additions (bench/RESULTS.md, 2026-12-07).
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+        kernel: Kernel,
+    ) -> FloatTensor<Self> {
+        let Some(b) = b else {
+            return Self::linear_product(x, w, Form::Forward, kernel);
+        };
+        let (out, _) = Form::Forward.shapes(&x.shape, &w.shape);
+        let [y] =
+            in_stream::<B, _, 3, 1>("linear", [x, w, b], [(out, DType::F32)], move |[x, w, b]| {
+                [B::linear_forward(x, w, Some(b), kernel)]
+            });
+        y
+    }
+
+    /// The gradients asked for as one operation of fusion's stream, whose inputs are `dy` and
+    /// the operands given (a tensor that is not read is not held for it).
+    fn linear_grads(
+        dy: FloatTensor<Self>,
+        w: Option<FloatTensor<Self>>,
+        x: Option<FloatTensor<Self>>,
+        bias: bool,
+        kernel: Kernel,
+    ) -> [Option<FloatTensor<Self>>; 3] {
+        let asked = [w.is_some(), x.is_some(), bias];
+        let mut outputs = Vec::with_capacity(3);
+        if let Some(w) = &w {
+            outputs.push((Form::InputGradient.shapes(&dy.shape, &w.shape).0, DType::F32));
+        }
+        if let Some(x) = &x {
+            outputs.push((Form::WeightGradient.shapes(&x.shape, &dy.shape).0, DType::F32));
+        }
+        if bias {
+            outputs.push((vec![dy.shape.last().copied().unwrap_or(1)], DType::F32));
+        }
+        if outputs.is_empty() {
+            return [None, None, None];
+        }
+        let inputs = [Some(dy), w, x].into_iter().flatten().collect();
+        let run = move |inputs: Vec<FloatTensor<B>>| {
+            let mut inputs = inputs.into_iter();
+            let Some(dy) = inputs.next() else {
+                unreachable!("linear backward: the output's gradient is the first input")
+            };
+            let w = if asked[0] { inputs.next() } else { None };
+            let x = if asked[1] { inputs.next() } else { None };
+            B::linear_grads(dy, w, x, bias, kernel).into_iter().flatten().collect()
+        };
+        let mut grads = in_stream_vec::<B, _>("linear backward", inputs, outputs, run).into_iter();
+        asked.map(|yes| if yes { grads.next() } else { None })
+    }
 }
 
-/// Both inputs' gradients from an operation that computes each only where asked.
-fn both<B: Backend, O: DeviceBackward<B, 2>>(
+/// Every input's gradient from an operation that computes each only where asked.
+fn every<B: Backend, O: DeviceBackward<B, N>, const N: usize>(
     op: &O,
     saved: O::Saved,
     dy: FloatTensor<B>,
-) -> [FloatTensor<B>; 2] {
-    op.backward_tracked(saved, dy, [true, true]).map(|g| g.expect("both asked for"))
+) -> [FloatTensor<B>; N] {
+    op.backward_tracked(saved, dy, [true; N]).map(|g| g.expect("every one asked for"))
 }
 
 /// A linear layer's product with one kernel, as a [`DeviceOp`] of the input `[.., in]` and the
@@ -633,7 +729,7 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Product {
     type Saved = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        both::<B, Self>(self, saved, dy)
+        every::<B, Self, 2>(self, saved, dy)
     }
 
     fn backward_tracked(
@@ -642,15 +738,44 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Product {
         dy: FloatTensor<B>,
         [want_x, want_w]: [bool; 2],
     ) -> [Option<FloatTensor<B>>; 2] {
-        let dx = want_x.then(|| B::linear_product(dy.clone(), w, Form::InputGradient, self.0));
-        let dw = want_w.then(|| B::linear_product(x, dy, Form::WeightGradient, self.0));
+        let [dx, dw, _] =
+            B::linear_grads(dy, want_x.then_some(w), want_w.then_some(x), false, self.0);
         [dx, dw]
     }
 }
 
 impl<B: DeviceMatmul> DeviceOp<B, 2> for Product {
     fn forward(&self, [x, w]: [FloatTensor<B>; 2]) -> (FloatTensor<B>, Self::Saved) {
-        (B::linear_product(x.clone(), w.clone(), Form::Forward, self.0), (x, w))
+        (B::linear_forward(x.clone(), w.clone(), None, self.0), (x, w))
+    }
+}
+
+/// A linear layer with its bias, as a [`DeviceOp`] of the input `[.., in]`, the weight and the
+/// bias: one node, and under fusion one operation each way (the product, its two gradients,
+/// the bias's addition and its gradient were five).
+#[derive(Debug, Clone, Copy)]
+struct BiasedProduct(Kernel);
+
+impl<B: DeviceMatmul> DeviceBackward<B, 3> for BiasedProduct {
+    type Saved = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
+        every::<B, Self, 3>(self, saved, dy)
+    }
+
+    fn backward_tracked(
+        &self,
+        (x, w): Self::Saved,
+        dy: FloatTensor<B>,
+        [want_x, want_w, want_b]: [bool; 3],
+    ) -> [Option<FloatTensor<B>>; 3] {
+        B::linear_grads(dy, want_x.then_some(w), want_w.then_some(x), want_b, self.0)
+    }
+}
+
+impl<B: DeviceMatmul> DeviceOp<B, 3> for BiasedProduct {
+    fn forward(&self, [x, w, b]: [FloatTensor<B>; 3]) -> (FloatTensor<B>, Self::Saved) {
+        (B::linear_forward(x.clone(), w.clone(), Some(b), self.0), (x, w))
     }
 }
 
@@ -666,7 +791,7 @@ impl<B: DeviceMatmul> DeviceBackward<B, 2> for Stacked {
     type Saved = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 2] {
-        both::<B, Self>(self, saved, dy)
+        every::<B, Self, 2>(self, saved, dy)
     }
 
     /// With `y = a · op(b)`: `a`'s gradient is `dy · op(b)ᵀ`; `op(b)`'s is `aᵀ · dy`, so `b`'s
@@ -767,39 +892,55 @@ fn stacked_with<B: Backend>(
     None
 }
 
-/// `x [.., in] · w [in, out]`, `[.., out]`, with the [`chosen`] kernel (Burn's included) as one
-/// operation ([`DeviceMatmul::linear_product`]) where the backend is one of the trainer's
-/// CubeCL types (bare or under autodiff) and the tensors f32; `None` elsewhere, and the caller
-/// runs Burn's `matmul` on the flattened rows.
-pub fn matmul<B: Backend, const D: usize>(
+/// A linear layer in f32, `x [.., in] · w [in, out]` plus `b` `[out]` on every row where
+/// given, `[.., out]`, with the [`chosen`] kernel (Burn's included), as one operation each way
+/// ([`DeviceMatmul::linear_forward`], [`DeviceMatmul::linear_grads`]) where the backend is one
+/// of the trainer's CubeCL types (bare or under autodiff) and the tensors f32; `None`
+/// elsewhere, and the caller runs Burn's `linear` on the flattened rows.
+pub fn linear<B: Backend, const D: usize>(
     x: &Tensor<B, D>,
     w: &Tensor<B, 2>,
+    b: Option<&Tensor<B, 1>>,
 ) -> Option<Tensor<B, D>> {
-    if D < 2 || x.dtype() != DType::F32 || w.dtype() != DType::F32 || x.dims()[D - 1] != w.dims()[0]
-    {
+    let f32s = x.dtype() == DType::F32 && w.dtype() == DType::F32;
+    if D < 2 || !f32s || x.dims()[D - 1] != w.dims()[0] {
         return None;
     }
-    on_device(x, w, chosen())
+    if b.is_some_and(|b| b.dtype() != DType::F32 || b.dims()[0] != w.dims()[1]) {
+        return None;
+    }
+    on_device(x, w, b, chosen())
 }
 
-/// The product with `kernel` on the CubeCL types; `None` elsewhere.
+/// The layer with `kernel` on the CubeCL types; `None` elsewhere.
 fn on_device<B: Backend, const D: usize>(
     x: &Tensor<B, D>,
     w: &Tensor<B, 2>,
+    b: Option<&Tensor<B, 1>>,
     kernel: Kernel,
 ) -> Option<Tensor<B, D>> {
     on_cube_types!(
         B,
         T,
         {
-            let x = cast::<_, Tensor<Autodiff<T>, D>>(x.clone())?;
-            let w = cast::<_, Tensor<Autodiff<T>, 2>>(w.clone())?;
-            let y = device_op::tracked(Product(kernel), [float(x), float(w)]);
+            let x = float(cast::<_, Tensor<Autodiff<T>, D>>(x.clone())?);
+            let w = float(cast::<_, Tensor<Autodiff<T>, 2>>(w.clone())?);
+            let y = match b {
+                Some(b) => {
+                    let b = float(cast::<_, Tensor<Autodiff<T>, 1>>(b.clone())?);
+                    device_op::tracked(BiasedProduct(kernel), [x, w, b])
+                }
+                None => device_op::tracked(Product(kernel), [x, w]),
+            };
             cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(y)))
         },
         {
             let (x, w) = (cast::<_, Tensor<T, D>>(x.clone())?, cast::<_, Tensor<T, 2>>(w.clone())?);
-            let y = T::linear_product(float(x), float(w), Form::Forward, kernel);
+            let b = match b {
+                Some(b) => Some(float(cast::<_, Tensor<T, 1>>(b.clone())?)),
+                None => None,
+            };
+            let y = T::linear_forward(float(x), float(w), b, kernel);
             cast(Tensor::<T, D>::from_primitive(TensorPrimitive::Float(y)))
         }
     );
@@ -904,7 +1045,7 @@ mod tests {
                 let dy = Tensor::<B, 2>::random([m, n], Distribution::Uniform(-1.0, 1.0), &device);
                 // (Not through `choose`: the process-wide choice would reach the tests running
                 // beside this one.)
-                let y = on_device(&x, &w, kernel).expect("wgpu is a CubeCL type");
+                let y = on_device(&x, &w, None, kernel).expect("wgpu is a CubeCL type");
                 let grads = (y.clone() * dy.clone()).sum().backward();
                 let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
                 let (x, w, dy) = (x.inner(), w.inner(), dy.inner());
@@ -938,7 +1079,7 @@ mod tests {
             let w = Tensor::<B, 2>::random([k, n], Distribution::Uniform(-1.0, 1.0), &device)
                 .require_grad();
             let dy = random([lead[0], lead[1], n]);
-            let y = on_device(&x, &w, Kernel::Burn).expect("wgpu is a CubeCL type");
+            let y = on_device(&x, &w, None, Kernel::Burn).expect("wgpu is a CubeCL type");
             assert_eq!(y.dims(), [lead[0], lead[1], n]);
             let grads = (y.clone() * dy.clone()).sum().backward();
             let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
@@ -948,8 +1089,9 @@ mod tests {
                 t.reshape([a * b, c])
             };
             let (x, w, dy) = (flat(x.inner()), w.inner(), flat(dy.inner()));
-            let bare = on_device(&x.clone().reshape([lead[0], lead[1], k]), &w, Kernel::Burn)
-                .expect("bare wgpu too");
+            let bare =
+                on_device(&x.clone().reshape([lead[0], lead[1], k]), &w, None, Kernel::Burn)
+                    .expect("bare wgpu too");
             let errors = [
                 worst(&flat(y.inner()), &oracle(&x, &w)),
                 worst(&flat(bare), &oracle(&x, &w)),
@@ -964,6 +1106,61 @@ mod tests {
         for e in errors {
             assert!(e < 6e-7, "{e:e}");
         }
+    }
+
+    /// A layer with its bias (one operation each way) gives the same bits as the product and
+    /// then the bias's own operation (`device_bias`, tested against float64 there), whose
+    /// kernels it runs: the output and each gradient, with every input tracked, with the input
+    /// untracked (no input gradient asked for), with the bias alone tracked; bare, under
+    /// autodiff and fused, over leading axes.
+    #[test]
+    fn a_layer_with_its_bias_is_the_product_then_the_bias_bit_for_bit() {
+        type A<B> = Autodiff<B>;
+        fn check<B: super::DeviceMatmul>() {
+            let device = Default::default();
+            let (lead, k, n) = ([2, 19], 45, 33);
+            let uniform = Distribution::Uniform(-1.0, 1.0);
+            let x = Tensor::<B, 3>::random([lead[0], lead[1], k], uniform, &device);
+            let w = Tensor::<B, 2>::random([k, n], uniform, &device);
+            let b = Tensor::<B, 1>::random([n], uniform, &device);
+            let dy = Tensor::<B, 3>::random([lead[0], lead[1], n], uniform, &device);
+            let bits = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+            let grad_bits = |g: Option<Tensor<B, 2>>| g.map(|g| g.into_data().to_vec::<f32>().unwrap());
+            // [x, w, b] tracked as asked: the output's bits and each tracked input's gradient's.
+            let run = |one_op: bool, tracked: [bool; 3]| {
+                let xa = Tensor::<A<B>, 3>::from_inner(x.clone());
+                let xa = if tracked[0] { xa.require_grad() } else { xa };
+                let wa = Tensor::<A<B>, 2>::from_inner(w.clone());
+                let wa = if tracked[1] { wa.require_grad() } else { wa };
+                let ba = Tensor::<A<B>, 1>::from_inner(b.clone());
+                let ba = if tracked[2] { ba.require_grad() } else { ba };
+                let y = if one_op {
+                    on_device(&xa, &wa, Some(&ba), Kernel::Burn).expect("a CubeCL type")
+                } else {
+                    let y = on_device(&xa, &wa, None, Kernel::Burn).expect("a CubeCL type");
+                    super::super::device_bias::on_device(y, &ba).expect("f32 on a CubeCL type")
+                };
+                let grads = (y.clone() * Tensor::from_inner(dy.clone())).sum().backward();
+                let dx = xa.grad(&grads).map(|g| g.reshape([lead[0] * lead[1], k]));
+                let db = ba.grad(&grads).map(|g| g.reshape([1, n]));
+                (bits(y.inner()), [grad_bits(dx), grad_bits(wa.grad(&grads)), grad_bits(db)])
+            };
+            for tracked in [[true; 3], [false, true, true], [false, false, true]] {
+                let (y, grads) = run(true, tracked);
+                let (y0, grads0) = run(false, tracked);
+                assert_eq!(y, y0, "the output, {tracked:?}");
+                for (i, (g, g0)) in grads.iter().zip(&grads0).enumerate() {
+                    assert_eq!(g.is_some(), tracked[i], "gradient {i} given, {tracked:?}");
+                    assert_eq!(g, g0, "gradient {i}, {tracked:?}");
+                }
+            }
+            let bare = on_device(&x, &w, Some(&b), Kernel::Burn).expect("bare too");
+            let parts = on_device(&x, &w, None, Kernel::Burn).expect("bare too");
+            let parts = super::super::device_bias::on_device(parts, &b).expect("bare too");
+            assert_eq!(bits(bare), bits(parts), "bare");
+        }
+        check::<W>();
+        check::<Fusion<W>>();
     }
 
     /// Mixed precision's operands (f16 here: lavapipe has no bfloat16), plain and transposed,

@@ -180,9 +180,9 @@ impl Precision {
 
     /// `x` times `layer`'s weight, plus its bias when `bias`, on the CubeCL backends, returned
     /// in f32; `None` on other backends, or where the operations do not take the operands.
-    /// - In f32: the product's one operation on `[.., in]` (`device_matmul::matmul`: the rows
-    ///   are viewed as a matrix inside it, so fusion's stream holds no reshape) and the bias's
-    ///   one operation (`device_bias`, its gradient summed in passes).
+    /// - In f32: one operation on `[.., in]`, the bias's addition included, and one for its
+    ///   gradients (`device_matmul::linear`: the rows are viewed as a matrix inside it, so
+    ///   fusion's stream holds no reshape).
     /// - Mixed: one mixed product (`device_mixed`: the operands rounded to the compute type,
     ///   the product written in f32; the bias added in f32), the leading axes flattened.
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
@@ -197,10 +197,7 @@ impl Precision {
             let w = layer.weight.val();
             let b = layer.bias.as_ref().filter(|_| bias).map(|b| b.val());
             let Some(dtype) = self.compute() else {
-                return match b {
-                    Some(b) => super::device_bias::linear(x, &w, &b),
-                    None => super::device_matmul::matmul(x, &w),
-                };
+                return super::device_matmul::linear(x, &w, b.as_ref());
             };
             let dims = x.dims();
             let rows = x.clone().reshaped([dims[..D - 1].iter().product(), dims[D - 1]]);
