@@ -12,11 +12,14 @@
 //! the split writes the head-major layout once, so the products read contiguous or transposed
 //! operands, and adds the biases, the projection's included, in the same pass; each backward is
 //! one kernel (the inverse permutation), plus, with biases, one sum of that gradient's rows,
-//! which is every bias's gradient. Each bias keeps its own shape, both ways: a projection's
+//! which is every bias's gradient: one operation of fusion's stream with both outputs
+//! ([`DeviceHeads::heads_grads`]). Each bias keeps its own shape, both ways: a projection's
 //! bias reshaped to `[H, dk]` was an operation of fusion's stream forward and one backward, 96
 //! a step at the 0.6B preset's 24 layers, beside their drops (bench/RESULTS.md, 2026-12-01,
 //! "The old parameters released"). Only where the two biases' shapes differ (the queries') is
-//! the one sum reshaped for the second.
+//! the one sum reshaped for the second, outside that operation: two outputs of one operation
+//! must not share a buffer, which fusion does not know of, and an operation holding the last
+//! handle of one (the bias's gradient sum, say) may write over it.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors of fewer than `2^32` elements; `None` elsewhere, and the
@@ -87,6 +90,20 @@ pub trait DeviceHeads: DeviceSum {
         view: [usize; 4],
         dims: Vec<usize>,
     ) -> FloatTensor<Self>;
+
+    /// A swap's input gradient from the output's `dy` (`dy` viewed as `view`, swapped back,
+    /// shaped `dims`) and the sum of that gradient's rows shaped `bias` (`[Q * R]` or `[Q, R]`),
+    /// a bias's gradient. Under fusion one operation, not two ([`Fusion`]'s override).
+    fn heads_grads(
+        dy: FloatTensor<Self>,
+        view: [usize; 4],
+        dims: Vec<usize>,
+        bias: Vec<usize>,
+    ) -> [FloatTensor<Self>; 2] {
+        let dx = Self::heads_swap(dy, Vec::new(), view, dims);
+        let db = Self::sum_rows(dx.clone(), bias);
+        [dx, db]
+    }
 }
 
 impl<R, F, I, BT> DeviceHeads for CubeBackend<R, F, I, BT>
@@ -163,6 +180,20 @@ where
         };
         y
     }
+
+    /// One operation of fusion's stream: 96 of the 0.6B step's were the biases' sums
+    /// (bench/RESULTS.md, 2026-12-06).
+    fn heads_grads(
+        dy: FloatTensor<Self>,
+        view: [usize; 4],
+        dims: Vec<usize>,
+        bias: Vec<usize>,
+    ) -> [FloatTensor<Self>; 2] {
+        let outs = [(dims.clone(), DType::F32), (bias.clone(), DType::F32)];
+        in_stream::<B, _, 1, 2>("heads_grads", [dy], outs, move |[dy]| {
+            B::heads_grads(dy, view, dims.clone(), bias.clone())
+        })
+    }
 }
 
 /// A swap of the middle axes of the input viewed as `view` `[A, P, Q, R]` (the output `[A, Q,
@@ -210,8 +241,7 @@ impl Swap {
         dy: FloatTensor<B>,
         bias: &[usize],
     ) -> (FloatTensor<B>, FloatTensor<B>) {
-        let dx = self.input_grad::<B>(dy);
-        let db = B::sum_rows(dx.clone(), bias.to_vec());
+        let [dx, db] = B::heads_grads(dy, self.back_view(), self.dims.clone(), bias.to_vec());
         (dx, db)
     }
 }
