@@ -9,6 +9,11 @@
 //! step is bound by the host's cost per operation (bench/RESULTS.md). Here each is one kernel
 //! forward and one backward, which recomputes the sigmoid from the kept input.
 //!
+//! A dropout right after the gate (the feed-forward's, after its Swish) runs inside the gate's
+//! operation ([`on_device_dropped`]): under fusion the two kernels are one operation of its
+//! stream each way, where they were two (96 of the 0.6B step's operations; bench/RESULTS.md,
+//! 2026-12-06), with the same bits.
+//!
 //! The ReLU is here for what it keeps, not for its launches: Burn's keeps its input, and the
 //! subsampling's stages (a convolution, its time mask, a ReLU, the next convolution, which keeps
 //! its own input) then kept two tensors of each stage's size. This one keeps its output, which
@@ -35,9 +40,11 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
+use super::device_dropout::DeviceDropout;
 use super::device_op::{
     self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
+use super::dropout::{Dropout, Rule};
 use super::host_depthwise::{cast, float};
 
 #[cube]
@@ -131,7 +138,7 @@ pub enum Gate {
 }
 
 /// The operations (see the module): the backends that have them.
-pub trait DeviceGates: Backend {
+pub trait DeviceGates: DeviceDropout {
     /// `gate` of `x` (for the GLU, the last axis of even length).
     fn gate_forward(gate: Gate, x: FloatTensor<Self>) -> FloatTensor<Self>;
 
@@ -142,6 +149,23 @@ pub trait DeviceGates: Backend {
         kept: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
+
+    /// `gate` of `x` times `rule`'s mask: a dropout after the gate. Under fusion one
+    /// operation, not two ([`Fusion`]'s override).
+    fn gate_forward_dropped(gate: Gate, rule: Rule, x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::dropout_apply(rule, Self::gate_forward(gate, x))
+    }
+
+    /// [`Self::gate_backward`] of the output's gradient `dy` times `rule`'s mask: the input's
+    /// gradient through the dropout and the gate. Under fusion one operation, not two.
+    fn gate_backward_dropped(
+        gate: Gate,
+        rule: Rule,
+        kept: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::gate_backward(gate, kept, Self::dropout_apply(rule, dy))
+    }
 }
 
 impl<R, F, I, BT> DeviceGates for CubeBackend<R, F, I, BT>
@@ -237,6 +261,34 @@ where
         });
         dx
     }
+
+    /// One operation of fusion's stream: the feed-forward's dropout after its Swish was 96 of
+    /// the 0.6B step's operations, both ways (bench/RESULTS.md, 2026-12-06).
+    fn gate_forward_dropped(gate: Gate, rule: Rule, x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let mut dims = x.shape.to_vec();
+        if let (Gate::Glu, Some(last)) = (gate, dims.last_mut()) {
+            *last /= 2;
+        }
+        let out = [(dims, DType::F32)];
+        let [y] = in_stream::<B, _, 1, 1>("gate_forward_dropped", [x], out, move |[x]| {
+            [B::gate_forward_dropped(gate, rule, x)]
+        });
+        y
+    }
+
+    fn gate_backward_dropped(
+        gate: Gate,
+        rule: Rule,
+        x: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let out = (x.shape.to_vec(), DType::F32);
+        let [dx] =
+            in_stream::<B, _, 2, 1>("gate_backward_dropped", [x, dy], [out], move |[x, dy]| {
+                [B::gate_backward_dropped(gate, rule, x, dy)]
+            });
+        dx
+    }
 }
 
 /// A gate as a [`DeviceOp`] of its input, which it keeps (the ReLU its output; shared, not
@@ -259,6 +311,26 @@ impl<B: DeviceGates> DeviceOp<B, 1> for Gate {
     }
 }
 
+/// A gate (Swish or the GLU, which keep their input) followed by a dropout, as a [`DeviceOp`]
+/// of the gate's input: the mask applied inside the gate's operation forward, and to the
+/// output's gradient inside its backward.
+#[derive(Debug, Clone, Copy)]
+struct Dropped(Gate, Rule);
+
+impl<B: DeviceGates> DeviceBackward<B, 1> for Dropped {
+    type Saved = FloatTensor<B>;
+
+    fn backward(&self, x: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
+        [B::gate_backward_dropped(self.0, self.1, x, dy)]
+    }
+}
+
+impl<B: DeviceGates> DeviceOp<B, 1> for Dropped {
+    fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
+        (B::gate_forward_dropped(self.0, self.1, x.clone()), x)
+    }
+}
+
 /// The operation under autodiff: one node with the input as parent.
 fn tracked<B: DeviceGates, const D: usize>(
     gate: Gate,
@@ -276,16 +348,60 @@ fn bare<B: DeviceGates, const D: usize>(gate: Gate, x: Tensor<B, D>) -> Tensor<B
 /// backend is one of the trainer's CubeCL types (bare or under autodiff) and `x` f32; `None`
 /// elsewhere.
 pub fn on_device<B: Backend, const D: usize>(gate: Gate, x: &Tensor<B, D>) -> Option<Tensor<B, D>> {
-    if D == 0
-        || x.dtype() != DType::F32
-        || (gate == Gate::Glu && !x.dims()[D - 1].is_multiple_of(2))
-    {
+    if !takes(gate, x) {
         return None;
     }
     on_cube_types!(B, T, { cast(tracked::<T, D>(gate, cast(x.clone())?)) }, {
         cast(bare::<T, D>(gate, cast(x.clone())?))
     });
     None
+}
+
+/// Whether the operations take `x` for `gate` (the backend aside): f32, and for the GLU a last
+/// axis of even length.
+fn takes<B: Backend, const D: usize>(gate: Gate, x: &Tensor<B, D>) -> bool {
+    D > 0 && x.dtype() == DType::F32 && (gate != Gate::Glu || x.dims()[D - 1].is_multiple_of(2))
+}
+
+/// `dropout` of `gate` of `x` (Swish or the GLU) as one operation each way where [`on_device`]
+/// takes `x` (in training, the mask applied inside the gate's operation, forward and to the
+/// output's gradient backward; the same bits as the two operations); `None` elsewhere and for
+/// the ReLU (whose backward keeps the output, before the mask), with no dropout drawn, and
+/// the caller runs both. The dropout is drawn where `Dropout::forward` would draw it.
+pub fn on_device_dropped<B: Backend, const D: usize>(
+    gate: Gate,
+    x: &Tensor<B, D>,
+    dropout: &Dropout,
+) -> Option<Tensor<B, D>> {
+    if gate == Gate::Relu || !takes(gate, x) {
+        return None;
+    }
+    on_cube_types!(
+        B,
+        T,
+        {
+            let x: Tensor<Autodiff<T>, D> = cast(x.clone())?;
+            match dropout.draw::<Autodiff<T>>(&x.device()) {
+                Some(rule) => cast(tracked_dropped::<T, D>(gate, rule, x)),
+                None => cast(tracked::<T, D>(gate, x)),
+            }
+        },
+        // Without autodiff the dropout is the identity (`Dropout::draw`).
+        { cast(bare::<T, D>(gate, cast(x.clone())?)) }
+    );
+    None
+}
+
+/// [`Dropped`] under autodiff: one node with the input as parent.
+fn tracked_dropped<B: DeviceGates, const D: usize>(
+    gate: Gate,
+    rule: Rule,
+    x: Tensor<Autodiff<B>, D>,
+) -> Tensor<Autodiff<B>, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(
+        Dropped(gate, rule),
+        [float(x)],
+    )))
 }
 
 #[cfg(test)]
@@ -327,6 +443,42 @@ mod tests {
             y.clone().into_data().into_vec::<f32>().unwrap()
         );
         [difference(y, y0), difference(dx, dx0)]
+    }
+
+    /// A gate with its dropout (one operation each way) gives the bits of the gate's operation
+    /// followed by the dropout's (`device_dropout`, against the host's mask there): the output
+    /// and the input's gradient under a weighted sum, for Swish and the GLU, bare and fused.
+    #[test]
+    fn a_gate_with_its_dropout_is_the_gate_then_the_dropout_bit_for_bit() {
+        fn check<B: DeviceGates>(gate: Gate) {
+            type A<B> = Autodiff<B>;
+            let device = Default::default();
+            B::seed(&device, 5);
+            let x = Tensor::<B, 3>::random([3, 29, 66], Distribution::Normal(0.0, 3.0), &device);
+            let out_dims = if gate == Gate::Glu { [3, 29, 33] } else { [3, 29, 66] };
+            let weights = Tensor::<B, 3>::random(out_dims, Distribution::Normal(0.0, 1.0), &device);
+            let rule = Rule::new(77, 0.9);
+            let bits = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+            let run = |one_op: bool| {
+                let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
+                let y = if one_op {
+                    tracked_dropped::<B, 3>(gate, rule, xa.clone())
+                } else {
+                    let y = tracked::<B, 3>(gate, xa.clone());
+                    super::super::device_dropout::on_device(y, rule).expect("a CubeCL type")
+                };
+                let grads = (y.clone() * Tensor::from_inner(weights.clone())).sum().backward();
+                (bits(y.inner()), bits(xa.grad(&grads).unwrap()))
+            };
+            let ((y, dx), (y0, dx0)) = (run(true), run(false));
+            assert!(y.contains(&0.0), "{gate:?}: the mask drops elements");
+            assert_eq!(y, y0, "{gate:?}: the output");
+            assert_eq!(dx, dx0, "{gate:?}: the input's gradient");
+        }
+        for gate in [Gate::Swish, Gate::Glu] {
+            check::<burn::backend::Wgpu>(gate);
+            check::<Fusion<burn::backend::Wgpu>>(gate);
+        }
     }
 
     #[test]

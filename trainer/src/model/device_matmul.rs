@@ -1089,9 +1089,8 @@ mod tests {
                 t.reshape([a * b, c])
             };
             let (x, w, dy) = (flat(x.inner()), w.inner(), flat(dy.inner()));
-            let bare =
-                on_device(&x.clone().reshape([lead[0], lead[1], k]), &w, None, Kernel::Burn)
-                    .expect("bare wgpu too");
+            let bare = on_device(&x.clone().reshape([lead[0], lead[1], k]), &w, None, Kernel::Burn)
+                .expect("bare wgpu too");
             let errors = [
                 worst(&flat(y.inner()), &oracle(&x, &w)),
                 worst(&flat(bare), &oracle(&x, &w)),
@@ -1125,7 +1124,8 @@ mod tests {
             let b = Tensor::<B, 1>::random([n], uniform, &device);
             let dy = Tensor::<B, 3>::random([lead[0], lead[1], n], uniform, &device);
             let bits = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
-            let grad_bits = |g: Option<Tensor<B, 2>>| g.map(|g| g.into_data().to_vec::<f32>().unwrap());
+            let grad_bits =
+                |g: Option<Tensor<B, 2>>| g.map(|g| g.into_data().to_vec::<f32>().unwrap());
             // [x, w, b] tracked as asked: the output's bits and each tracked input's gradient's.
             let run = |one_op: bool, tracked: [bool; 3]| {
                 let xa = Tensor::<A<B>, 3>::from_inner(x.clone());

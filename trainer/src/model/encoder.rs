@@ -120,6 +120,19 @@ fn swish<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     silu(x)
 }
 
+/// `dropout` of [`swish`] of `x`: in training one operation each way on the CubeCL backends
+/// (`device_gates`, the dropout's mask applied inside the gate's operation), Swish and the
+/// dropout elsewhere.
+fn swish_dropped<B: Backend, const D: usize>(x: Tensor<B, D>, dropout: &Dropout) -> Tensor<B, D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) =
+        super::device_gates::on_device_dropped(super::device_gates::Gate::Swish, &x, dropout)
+    {
+        return y;
+    }
+    dropout.forward(swish(x))
+}
+
 /// The gated linear unit over the last axis: one operation on the CubeCL backends
 /// (`device_gates`), Burn's `glu` elsewhere.
 fn gated<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
@@ -389,7 +402,7 @@ impl<B: Backend> FeedForward<B> {
     }
 
     fn forward(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        p.linear(&self.down, self.dropout.forward(swish(p.linear(&self.up, x))))
+        p.linear(&self.down, swish_dropped(p.linear(&self.up, x), &self.dropout))
     }
 }
 
