@@ -14,6 +14,10 @@
 //! stream each way, where they were two (96 of the 0.6B step's operations; bench/RESULTS.md,
 //! 2026-12-06), with the same bits.
 //!
+//! Likewise a mask right after the gate (the convolution module's time mask after its GLU,
+//! [`on_device_masked`]): the gate's kernel and Burn's product on the inner backend, one
+//! operation of fusion's stream each way.
+//!
 //! The ReLU is here for what it keeps, not for its launches: Burn's keeps its input, and the
 //! subsampling's stages (a convolution, its time mask, a ReLU, the next convolution, which keeps
 //! its own input) then kept two tensors of each stage's size. This one keeps its output, which
@@ -166,6 +170,27 @@ pub trait DeviceGates: DeviceDropout {
     ) -> FloatTensor<Self> {
         Self::gate_backward(gate, kept, Self::dropout_apply(rule, dy))
     }
+
+    /// `gate` of `x` times `mask` (broadcast as Burn's product broadcasts: the convolution
+    /// module's time mask `[B, T, 1]`). Under fusion one operation, not two.
+    fn gate_forward_masked(
+        gate: Gate,
+        x: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::float_mul(Self::gate_forward(gate, x), mask)
+    }
+
+    /// [`Self::gate_backward`] of the output's gradient `dy` times `mask`. Under fusion one
+    /// operation, not two.
+    fn gate_backward_masked(
+        gate: Gate,
+        kept: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::gate_backward(gate, kept, Self::float_mul(dy, mask))
+    }
 }
 
 impl<R, F, I, BT> DeviceGates for CubeBackend<R, F, I, BT>
@@ -289,6 +314,40 @@ where
             });
         dx
     }
+
+    /// One operation of fusion's stream: the convolution module's time mask after its GLU was
+    /// 48 of the 0.6B step's operations, both ways (bench/RESULTS.md, 2026-12-06).
+    fn gate_forward_masked(
+        gate: Gate,
+        x: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let mut dims = x.shape.to_vec();
+        if let (Gate::Glu, Some(last)) = (gate, dims.last_mut()) {
+            *last /= 2;
+        }
+        let out = [(dims, DType::F32)];
+        let [y] = in_stream::<B, _, 2, 1>("gate_forward_masked", [x, mask], out, move |[x, m]| {
+            [B::gate_forward_masked(gate, x, m)]
+        });
+        y
+    }
+
+    fn gate_backward_masked(
+        gate: Gate,
+        x: FloatTensor<Self>,
+        mask: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let out = [(x.shape.to_vec(), DType::F32)];
+        let [dx] = in_stream::<B, _, 3, 1>(
+            "gate_backward_masked",
+            [x, mask, dy],
+            out,
+            move |[x, m, dy]| [B::gate_backward_masked(gate, x, m, dy)],
+        );
+        dx
+    }
 }
 
 /// A gate as a [`DeviceOp`] of its input, which it keeps (the ReLU its output; shared, not
@@ -328,6 +387,30 @@ impl<B: DeviceGates> DeviceBackward<B, 1> for Dropped {
 impl<B: DeviceGates> DeviceOp<B, 1> for Dropped {
     fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
         (B::gate_forward_dropped(self.0, self.1, x.clone()), x)
+    }
+}
+
+/// A gate (Swish or the GLU, which keep their input) times a mask that is not tracked, as a
+/// [`DeviceOp`] of the gate's input; the mask is the operation's own, not a parent.
+struct Masked<B: Backend>(Gate, FloatTensor<B>);
+
+impl<B: Backend> std::fmt::Debug for Masked<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Masked").field(&self.0).field(&self.1.shape()).finish()
+    }
+}
+
+impl<B: DeviceGates> DeviceBackward<B, 1> for Masked<B> {
+    type Saved = FloatTensor<B>;
+
+    fn backward(&self, x: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
+        [B::gate_backward_masked(self.0, x, self.1.clone(), dy)]
+    }
+}
+
+impl<B: DeviceGates> DeviceOp<B, 1> for Masked<B> {
+    fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
+        (B::gate_forward_masked(self.0, x.clone(), self.1.clone()), x)
     }
 }
 
@@ -390,6 +473,49 @@ pub fn on_device_dropped<B: Backend, const D: usize>(
         { cast(bare::<T, D>(gate, cast(x.clone())?)) }
     );
     None
+}
+
+/// `gate` of `x` (Swish or the GLU) times `mask`, a tensor that is not tracked, broadcast as
+/// Burn's product broadcasts (the convolution module's time mask), as one operation each way
+/// where [`on_device`] takes `x` and `mask` is f32 of as many axes (the same bits as the gate's
+/// operation and Burn's product); `None` elsewhere, for the ReLU and for a tracked mask, and
+/// the caller runs both.
+pub fn on_device_masked<B: Backend, const D: usize>(
+    gate: Gate,
+    x: &Tensor<B, D>,
+    mask: &Tensor<B, D>,
+) -> Option<Tensor<B, D>> {
+    if gate == Gate::Relu || !takes(gate, x) || mask.dtype() != DType::F32 {
+        return None;
+    }
+    on_cube_types!(
+        B,
+        T,
+        {
+            let mask: Tensor<Autodiff<T>, D> = cast(mask.clone())?;
+            if mask.is_require_grad() {
+                return None;
+            }
+            let x: Tensor<Autodiff<T>, D> = cast(x.clone())?;
+            cast(tracked_masked::<T, D>(gate, x, mask.inner()))
+        },
+        {
+            let (x, mask): (Tensor<T, D>, Tensor<T, D>) = (cast(x.clone())?, cast(mask.clone())?);
+            let y = T::gate_forward_masked(gate, float(x), float(mask));
+            cast(Tensor::<T, D>::from_primitive(TensorPrimitive::Float(y)))
+        }
+    );
+    None
+}
+
+/// [`Masked`] under autodiff: one node with the input as parent.
+fn tracked_masked<B: DeviceGates, const D: usize>(
+    gate: Gate,
+    x: Tensor<Autodiff<B>, D>,
+    mask: Tensor<B, D>,
+) -> Tensor<Autodiff<B>, D> {
+    let op = Masked(gate, float(mask));
+    Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(op, [float(x)])))
 }
 
 /// [`Dropped`] under autodiff: one node with the input as parent.
@@ -474,6 +600,48 @@ mod tests {
             assert!(y.contains(&0.0), "{gate:?}: the mask drops elements");
             assert_eq!(y, y0, "{gate:?}: the output");
             assert_eq!(dx, dx0, "{gate:?}: the input's gradient");
+        }
+        for gate in [Gate::Swish, Gate::Glu] {
+            check::<burn::backend::Wgpu>(gate);
+            check::<Fusion<burn::backend::Wgpu>>(gate);
+        }
+    }
+
+    /// A gate times a time mask `[B, T, 1]` (one operation each way) gives the bits of the
+    /// gate's operation and Burn's product: the output and the input's gradient under a
+    /// weighted sum, for Swish and the GLU, bare, under autodiff and fused.
+    #[test]
+    fn a_gate_times_a_mask_is_the_gate_then_burn_s_product_bit_for_bit() {
+        fn check<B: DeviceGates>(gate: Gate) {
+            type A<B> = Autodiff<B>;
+            let device = Default::default();
+            B::seed(&device, 6);
+            let x = Tensor::<B, 3>::random([3, 29, 66], Distribution::Normal(0.0, 3.0), &device);
+            let out_dims = if gate == Gate::Glu { [3, 29, 33] } else { [3, 29, 66] };
+            let weights = Tensor::<B, 3>::random(out_dims, Distribution::Normal(0.0, 1.0), &device);
+            let mask = Tensor::<B, 3>::random([3, 29, 1], Distribution::Bernoulli(0.7), &device);
+            let bits = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+            let run = |one_op: bool| {
+                let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
+                let ma = Tensor::<A<B>, 3>::from_inner(mask.clone());
+                let y = if one_op {
+                    on_device_masked(gate, &xa, &ma).expect("a CubeCL type")
+                } else {
+                    tracked::<B, 3>(gate, xa.clone()) * ma
+                };
+                let grads = (y.clone() * Tensor::from_inner(weights.clone())).sum().backward();
+                (bits(y.inner()), bits(xa.grad(&grads).unwrap()))
+            };
+            let ((y, dx), (y0, dx0)) = (run(true), run(false));
+            assert!(y.contains(&0.0), "{gate:?}: the mask zeroes frames");
+            assert_eq!(y, y0, "{gate:?}: the output");
+            assert_eq!(dx, dx0, "{gate:?}: the input's gradient");
+            let bare = on_device_masked(gate, &x, &mask).expect("bare too");
+            assert_eq!(bits(bare), y0, "{gate:?}: bare");
+            // A tracked mask is left to the caller.
+            let xa = Tensor::<A<B>, 3>::from_inner(x.clone());
+            let ma = Tensor::<A<B>, 3>::from_inner(mask.clone()).require_grad();
+            assert!(on_device_masked(gate, &xa, &ma).is_none());
         }
         for gate in [Gate::Swish, Gate::Glu] {
             check::<burn::backend::Wgpu>(gate);

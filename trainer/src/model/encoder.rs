@@ -143,6 +143,18 @@ fn gated<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     glu(x, D - 1)
 }
 
+/// [`gated`] of `x` times `keep` (`[B, T, 1]`, 1 on valid frames): one operation each way on
+/// the CubeCL backends (`device_gates`), the GLU and the product elsewhere.
+fn gated_masked<B: Backend, const D: usize>(x: Tensor<B, D>, keep: Tensor<B, D>) -> Tensor<B, D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let Some(y) =
+        super::device_gates::on_device_masked(super::device_gates::Gate::Glu, &x, &keep)
+    {
+        return y;
+    }
+    gated(x) * keep
+}
+
 /// `norm` over the channels-last `x` `[B, T, C]`: in training one host operation on the CPU
 /// backend (`host_batch_norm`) and one operation on the CubeCL ones (`device_batch_norm`);
 /// elsewhere Burn's `BatchNorm`, which wants the channels second.
@@ -428,7 +440,7 @@ impl<B: Backend> ConvModule<B> {
 
     /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames).
     fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        let x = gated(p.linear(&self.pointwise1, x)) * keep;
+        let x = gated_masked(p.linear(&self.pointwise1, x), keep);
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
         let x = batch_norm(&self.norm, x);
