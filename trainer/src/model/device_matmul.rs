@@ -655,7 +655,7 @@ where
     }
 
     /// With a bias, the product and the addition as one operation of fusion's stream: 173 of
-    /// the 0.6B step's operations were the additions (bench/RESULTS.md, 2026-12-07).
+    /// the 0.6B step's operations were the additions (bench/RESULTS.md, 2026-12-06).
     fn linear_forward(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
