@@ -12,18 +12,18 @@
 //! H200; the 0.6B step 0.205 s against 0.290 s); Burn's product elsewhere.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
-//! under autodiff, with f32 tensors, whatever the kernel ([`Kernel::Burn`] is the inner
-//! backend's `float_matmul` inside the operation); Burn's `matmul` elsewhere. The input may
-//! have leading axes (`[B, T, in]`): the operation views them as rows itself, and transposes
-//! the operands of the gradients itself, so that under fusion each of the three products is
-//! one operation of its stream with no reshape or transposition beside it
-//! ([`DeviceMatmul::linear_product`]; they were 1,570 of the 0.6B step's 7,116 operations,
-//! bench/RESULTS.md, 2026-12-01). The layer is one operation each way, its bias included
-//! ([`linear`]): the forward's product and the bias's addition, the backward's two products
-//! and the bias's sum (`device_bias`'s kernels), not five operations. A kernel the device cannot run (CMMA on lavapipe, TMA before
-//! Hopper, TMA on rows not a multiple of 16 bytes) falls back to Burn's product for that product,
-//! saying so once per product and weight shape. Mixed precision's products of two matrices take
-//! the chosen kernel too, on operands already rounded to the half type ([`chosen_product`]).
+//! under autodiff, with f32 tensors, whatever the kernel ([`Kernel::Burn`] is the inner backend's
+//! `float_matmul` inside the operation); Burn's `matmul` elsewhere. The input may have leading axes
+//! (`[B, T, in]`): the operation views them as rows itself, and transposes the operands of the
+//! gradients itself, so that under fusion each of the three products is one operation of its stream
+//! with no reshape or transposition beside it ([`DeviceMatmul::linear_product`]; they were 1,570 of
+//! the 0.6B step's 7,116 operations, bench/RESULTS.md, 2026-12-01). The layer is one operation each
+//! way, its bias included ([`linear`]): the forward's product and the bias's addition, the
+//! backward's two products and the bias's sum (`device_bias`'s kernels), not five operations. A
+//! kernel the device cannot run (CMMA on lavapipe, TMA before Hopper, TMA on rows not a multiple of
+//! 16 bytes) falls back to Burn's product for that product, saying so once per product and weight
+//! shape. Mixed precision's products of two matrices take the chosen kernel too, on operands
+//! already rounded to the half type ([`chosen_product`]).
 //!
 //! Under `--matmul cublas` with `ASRT_CUBLAS_STACKS=1` the attention's stacks of products
 //! (`[B, H, m, k] · [B or 1, H, k, n]`: the content and position scores, the weights times the
@@ -34,11 +34,11 @@
 //! gradients is one operation, which transposes its operands itself
 //! ([`DeviceMatmul::stack_product`]).
 //!
-//! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's
-//! 10-bit mantissa on CUDA's tensor cores); the input's gradient is computed only where the
-//! input is tracked, and so are the weight's and the bias's; a layer with its bias gives the
-//! bits of the product followed by `device_bias`'s addition, both ways. A stack's operand of outer size 1 (read by every
-//! outer index) gets its gradient summed over the outer axis.
+//! Invariants: the product and its gradients are Burn's within the kernel's rounding (TF32's 10-bit
+//! mantissa on CUDA's tensor cores); the input's gradient is computed only where the input is
+//! tracked, and so are the weight's and the bias's; a layer with its bias gives the bits of the
+//! product followed by `device_bias`'s addition, both ways. A stack's operand of outer size 1 (read
+//! by every outer index) gets its gradient summed over the outer axis.
 
 use std::sync::Mutex;
 
