@@ -112,8 +112,9 @@ impl<B: DeviceBias> DeviceBackward<B, 2> for BiasAdd {
     }
 }
 
-/// The bias's gradient: the rows of `dy` `[.., cols]` summed, `[cols]`, one operation.
-fn bias_grad<B: DeviceBias>(dy: FloatTensor<B>) -> FloatTensor<B> {
+/// The bias's gradient: the rows of `dy` `[.., cols]` summed, `[cols]`, one operation (here
+/// and in `device_matmul`'s linear layer).
+pub(crate) fn bias_grad<B: DeviceBias>(dy: FloatTensor<B>) -> FloatTensor<B> {
     let cols = dy.shape().as_slice().last().copied().unwrap_or(1);
     B::sum_rows(dy, vec![cols])
 }

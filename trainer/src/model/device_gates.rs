@@ -154,42 +154,67 @@ pub trait DeviceGates: DeviceDropout {
         dy: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
 
-    /// `gate` of `x` times `rule`'s mask: a dropout after the gate. Under fusion one
+    /// `gate` of `x`, then `after` (a dropout's mask, or a mask tensor). Under fusion one
     /// operation, not two ([`Fusion`]'s override).
-    fn gate_forward_dropped(gate: Gate, rule: Rule, x: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::dropout_apply(rule, Self::gate_forward(gate, x))
-    }
-
-    /// [`Self::gate_backward`] of the output's gradient `dy` times `rule`'s mask: the input's
-    /// gradient through the dropout and the gate. Under fusion one operation, not two.
-    fn gate_backward_dropped(
+    fn gate_forward_then(
         gate: Gate,
-        rule: Rule,
-        kept: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        Self::gate_backward(gate, kept, Self::dropout_apply(rule, dy))
-    }
-
-    /// `gate` of `x` times `mask` (broadcast as Burn's product broadcasts: the convolution
-    /// module's time mask `[B, T, 1]`). Under fusion one operation, not two.
-    fn gate_forward_masked(
-        gate: Gate,
+        after: After<Self>,
         x: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        Self::float_mul(Self::gate_forward(gate, x), mask)
+        after.apply(Self::gate_forward(gate, x))
     }
 
-    /// [`Self::gate_backward`] of the output's gradient `dy` times `mask`. Under fusion one
-    /// operation, not two.
-    fn gate_backward_masked(
+    /// [`Self::gate_backward`] of the output's gradient `dy` through `after`: the input's
+    /// gradient through the mask and the gate. Under fusion one operation, not two.
+    fn gate_backward_then(
         gate: Gate,
+        after: After<Self>,
         kept: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        Self::gate_backward(gate, kept, Self::float_mul(dy, mask))
+        Self::gate_backward(gate, kept, after.apply(dy))
+    }
+}
+
+/// What a gate's output goes through inside the gate's operation: a dropout's mask (the
+/// feed-forward's dropout after its Swish), or a mask tensor that is not tracked, multiplied
+/// as Burn's product broadcasts (the convolution module's time mask `[B, T, 1]` after its GLU).
+/// Either is a product by the same mask forward (the output) and backward (its gradient).
+#[derive(Clone)]
+pub enum After<B: Backend> {
+    /// The dropout's mask for this rule.
+    Dropout(Rule),
+    /// This tensor.
+    Mask(FloatTensor<B>),
+}
+
+impl<B: DeviceDropout> After<B> {
+    /// `t` times the mask.
+    fn apply(self, t: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            After::Dropout(rule) => B::dropout_apply(rule, t),
+            After::Mask(mask) => B::float_mul(t, mask),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for After<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            After::Dropout(rule) => f.debug_tuple("Dropout").field(rule).finish(),
+            After::Mask(mask) => f.debug_tuple("Mask").field(&mask.shape()).finish(),
+        }
+    }
+}
+
+impl Gate {
+    /// The output's shape for an input of `dims` (the GLU halves the last axis).
+    fn output_dims(self, dims: &[usize]) -> Vec<usize> {
+        let mut dims = dims.to_vec();
+        if let (Gate::Glu, Some(last)) = (self, dims.last_mut()) {
+            *last /= 2;
+        }
+        dims
     }
 }
 
@@ -269,10 +294,7 @@ where
     B: FusionBackend + DeviceGates,
 {
     fn gate_forward(gate: Gate, x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let mut dims = x.shape.to_vec();
-        if let (Gate::Glu, Some(last)) = (gate, dims.last_mut()) {
-            *last /= 2;
-        }
+        let dims = gate.output_dims(&x.shape);
         let [y] = in_stream::<B, _, 1, 1>("gate_forward", [x], [(dims, DType::F32)], move |[x]| {
             [B::gate_forward(gate, x)]
         });
@@ -287,65 +309,46 @@ where
         dx
     }
 
-    /// One operation of fusion's stream: the feed-forward's dropout after its Swish was 96 of
-    /// the 0.6B step's operations, both ways (bench/RESULTS.md, 2026-12-06).
-    fn gate_forward_dropped(gate: Gate, rule: Rule, x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let mut dims = x.shape.to_vec();
-        if let (Gate::Glu, Some(last)) = (gate, dims.last_mut()) {
-            *last /= 2;
-        }
-        let out = [(dims, DType::F32)];
-        let [y] = in_stream::<B, _, 1, 1>("gate_forward_dropped", [x], out, move |[x]| {
-            [B::gate_forward_dropped(gate, rule, x)]
-        });
+    /// One operation of fusion's stream, whose inputs are the mask's tensor too where there is
+    /// one: the feed-forward's dropout after its Swish was 96 of the 0.6B step's operations,
+    /// the convolution module's time mask after its GLU 48, both ways (bench/RESULTS.md,
+    /// 2026-12-06).
+    fn gate_forward_then(
+        gate: Gate,
+        after: After<Self>,
+        x: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let out = [(gate.output_dims(&x.shape), DType::F32)];
+        let [y] = match after {
+            After::Dropout(rule) => in_stream::<B, _, 1, 1>("gate_dropout", [x], out, move |[x]| {
+                [B::gate_forward_then(gate, After::Dropout(rule), x)]
+            }),
+            After::Mask(m) => in_stream::<B, _, 2, 1>("gate_mask", [x, m], out, move |[x, m]| {
+                [B::gate_forward_then(gate, After::Mask(m), x)]
+            }),
+        };
         y
     }
 
-    fn gate_backward_dropped(
+    fn gate_backward_then(
         gate: Gate,
-        rule: Rule,
+        after: After<Self>,
         x: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        let out = (x.shape.to_vec(), DType::F32);
-        let [dx] =
-            in_stream::<B, _, 2, 1>("gate_backward_dropped", [x, dy], [out], move |[x, dy]| {
-                [B::gate_backward_dropped(gate, rule, x, dy)]
-            });
-        dx
-    }
-
-    /// One operation of fusion's stream: the convolution module's time mask after its GLU was
-    /// 48 of the 0.6B step's operations, both ways (bench/RESULTS.md, 2026-12-06).
-    fn gate_forward_masked(
-        gate: Gate,
-        x: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        let mut dims = x.shape.to_vec();
-        if let (Gate::Glu, Some(last)) = (gate, dims.last_mut()) {
-            *last /= 2;
-        }
-        let out = [(dims, DType::F32)];
-        let [y] = in_stream::<B, _, 2, 1>("gate_forward_masked", [x, mask], out, move |[x, m]| {
-            [B::gate_forward_masked(gate, x, m)]
-        });
-        y
-    }
-
-    fn gate_backward_masked(
-        gate: Gate,
-        x: FloatTensor<Self>,
-        mask: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let out = [(x.shape.to_vec(), DType::F32)];
-        let [dx] = in_stream::<B, _, 3, 1>(
-            "gate_backward_masked",
-            [x, mask, dy],
-            out,
-            move |[x, m, dy]| [B::gate_backward_masked(gate, x, m, dy)],
-        );
+        let [dx] = match after {
+            After::Dropout(rule) => {
+                in_stream::<B, _, 2, 1>("gate_dropout_backward", [x, dy], out, move |[x, dy]| {
+                    [B::gate_backward_then(gate, After::Dropout(rule), x, dy)]
+                })
+            }
+            After::Mask(m) => {
+                in_stream::<B, _, 3, 1>("gate_mask_backward", [x, m, dy], out, move |[x, m, dy]| {
+                    [B::gate_backward_then(gate, After::Mask(m), x, dy)]
+                })
+            }
+        };
         dx
     }
 }
@@ -370,47 +373,24 @@ impl<B: DeviceGates> DeviceOp<B, 1> for Gate {
     }
 }
 
-/// A gate (Swish or the GLU, which keep their input) followed by a dropout, as a [`DeviceOp`]
-/// of the gate's input: the mask applied inside the gate's operation forward, and to the
-/// output's gradient inside its backward.
-#[derive(Debug, Clone, Copy)]
-struct Dropped(Gate, Rule);
+/// A gate (Swish or the GLU, which keep their input) followed by a mask ([`After`]), as a
+/// [`DeviceOp`] of the gate's input: the mask applied inside the gate's operation forward, and
+/// to the output's gradient inside its backward. A mask tensor is the operation's own, not a
+/// parent.
+#[derive(Debug)]
+struct Then<B: Backend>(Gate, After<B>);
 
-impl<B: DeviceGates> DeviceBackward<B, 1> for Dropped {
+impl<B: DeviceGates> DeviceBackward<B, 1> for Then<B> {
     type Saved = FloatTensor<B>;
 
     fn backward(&self, x: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
-        [B::gate_backward_dropped(self.0, self.1, x, dy)]
+        [B::gate_backward_then(self.0, self.1.clone(), x, dy)]
     }
 }
 
-impl<B: DeviceGates> DeviceOp<B, 1> for Dropped {
+impl<B: DeviceGates> DeviceOp<B, 1> for Then<B> {
     fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
-        (B::gate_forward_dropped(self.0, self.1, x.clone()), x)
-    }
-}
-
-/// A gate (Swish or the GLU, which keep their input) times a mask that is not tracked, as a
-/// [`DeviceOp`] of the gate's input; the mask is the operation's own, not a parent.
-struct Masked<B: Backend>(Gate, FloatTensor<B>);
-
-impl<B: Backend> std::fmt::Debug for Masked<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Masked").field(&self.0).field(&self.1.shape()).finish()
-    }
-}
-
-impl<B: DeviceGates> DeviceBackward<B, 1> for Masked<B> {
-    type Saved = FloatTensor<B>;
-
-    fn backward(&self, x: FloatTensor<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 1] {
-        [B::gate_backward_masked(self.0, x, self.1.clone(), dy)]
-    }
-}
-
-impl<B: DeviceGates> DeviceOp<B, 1> for Masked<B> {
-    fn forward(&self, [x]: [FloatTensor<B>; 1]) -> (FloatTensor<B>, FloatTensor<B>) {
-        (B::gate_forward_masked(self.0, x.clone(), self.1.clone()), x)
+        (B::gate_forward_then(self.0, self.1.clone(), x.clone()), x)
     }
 }
 
@@ -465,7 +445,7 @@ pub fn on_device_dropped<B: Backend, const D: usize>(
         {
             let x: Tensor<Autodiff<T>, D> = cast(x.clone())?;
             match dropout.draw::<Autodiff<T>>(&x.device()) {
-                Some(rule) => cast(tracked_dropped::<T, D>(gate, rule, x)),
+                Some(rule) => cast(tracked_then::<T, D>(gate, After::Dropout(rule), x)),
                 None => cast(tracked::<T, D>(gate, x)),
             }
         },
@@ -497,37 +477,25 @@ pub fn on_device_masked<B: Backend, const D: usize>(
                 return None;
             }
             let x: Tensor<Autodiff<T>, D> = cast(x.clone())?;
-            cast(tracked_masked::<T, D>(gate, x, mask.inner()))
+            cast(tracked_then::<T, D>(gate, After::Mask(float(mask.inner())), x))
         },
         {
             let (x, mask): (Tensor<T, D>, Tensor<T, D>) = (cast(x.clone())?, cast(mask.clone())?);
-            let y = T::gate_forward_masked(gate, float(x), float(mask));
+            let y = T::gate_forward_then(gate, After::Mask(float(mask)), float(x));
             cast(Tensor::<T, D>::from_primitive(TensorPrimitive::Float(y)))
         }
     );
     None
 }
 
-/// [`Masked`] under autodiff: one node with the input as parent.
-fn tracked_masked<B: DeviceGates, const D: usize>(
+/// [`Then`] under autodiff: one node with the input as parent.
+fn tracked_then<B: DeviceGates, const D: usize>(
     gate: Gate,
+    after: After<B>,
     x: Tensor<Autodiff<B>, D>,
-    mask: Tensor<B, D>,
 ) -> Tensor<Autodiff<B>, D> {
-    let op = Masked(gate, float(mask));
+    let op = Then(gate, after);
     Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(op, [float(x)])))
-}
-
-/// [`Dropped`] under autodiff: one node with the input as parent.
-fn tracked_dropped<B: DeviceGates, const D: usize>(
-    gate: Gate,
-    rule: Rule,
-    x: Tensor<Autodiff<B>, D>,
-) -> Tensor<Autodiff<B>, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(device_op::tracked(
-        Dropped(gate, rule),
-        [float(x)],
-    )))
 }
 
 #[cfg(test)]
@@ -588,7 +556,7 @@ mod tests {
             let run = |one_op: bool| {
                 let xa = Tensor::<A<B>, 3>::from_inner(x.clone()).require_grad();
                 let y = if one_op {
-                    tracked_dropped::<B, 3>(gate, rule, xa.clone())
+                    tracked_then::<B, 3>(gate, After::Dropout(rule), xa.clone())
                 } else {
                     let y = tracked::<B, 3>(gate, xa.clone());
                     super::super::device_dropout::on_device(y, rule).expect("a CubeCL type")

@@ -353,10 +353,9 @@ pub trait DeviceMatmul: DeviceBias {
         bias: bool,
         kernel: Kernel,
     ) -> [Option<FloatTensor<Self>>; 3] {
-        let cols = dy.shape().as_slice().last().copied().unwrap_or(1);
         let dx = w.map(|w| Self::linear_product(dy.clone(), w, Form::InputGradient, kernel));
         let dw = x.map(|x| Self::linear_product(x, dy.clone(), Form::WeightGradient, kernel));
-        let db = bias.then(|| Self::sum_rows(dy, vec![cols]));
+        let db = bias.then(|| super::device_bias::bias_grad::<Self>(dy));
         [dx, dw, db]
     }
 
