@@ -11,7 +11,9 @@
 #
 #   bash bench/ab_env.sh VAR [ASRT] [DEVICE]     ASRT defaults to the release build
 #
-# AB_VALUES (default "0 1") and AB_ROUNDS (default 2) choose the runs; AB_ARGS adds arguments
+# AB_VALUES (default "0 1") and AB_ROUNDS (default 2) choose the runs; AB_THREADS (default 3)
+# how many of the busiest threads a run's line names; AB_KEEP=DIR keeps each run's log and perf
+# samples (perf script's text) as DIR/VALUE-ROUND.{log,report}; AB_ARGS adds arguments
 # to every run's `asrt train` (`AB_ARGS="--fusion off"`). AB_CALLGRAPH=DIR records
 # call chains instead (`perf record --call-graph dwarf`, 199 Hz) and writes each run's
 # bench/host_frames.py reading of its threads' own work to DIR/VALUE-ROUND.frames, keeping the
@@ -55,12 +57,16 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       else
         perf record -F "$freq" -e cpu-clock -o "$run.perf" -p "$pid" > "$run.perf.log" 2>&1 || true
       fi
-      perf report -i "$run.perf" --no-children --sort comm,dso,sym -n --stdio -g none \
+      # perf script's samples, not perf report's symbols: host_profile.py finds the ring's spin
+      # by the code before each sample, wherever the build inlined it.
+      perf script -i "$run.perf" --show-mmap-events -F comm,tid,ip,sym,symoff,dso \
         > "$run.report" 2> /dev/null || true
     else
       python3 scripts/gpu/threads.py sample "$pid" "$run.threads" --metrics "$run/metrics.jsonl"
     fi
     wait "$pid" || { cat "$run.log"; exit 1; }
+    [ -n "${AB_KEEP:-}" ] && mkdir -p "$AB_KEEP" && cp "$run.log" "$AB_KEEP/$value-$round.log" \
+      && { [ ! -f "$run.report" ] || cp "$run.report" "$AB_KEEP/$value-$round.report"; }
     if [ -n "$frames" ] && [ -s "$run.perf" ]; then
       mv "$run.perf" "$frames/$value-$round.perf"
       perf script -i "$frames/$value-$round.perf" 2> /dev/null \
@@ -83,12 +89,12 @@ if os.path.exists(f"{run}.report"):
     sys.path.insert(0, f"{repo}/scripts/gpu")
     from host_profile import summarise
     with open(f"{run}.report", errors="replace") as f:
-        p = summarise(f, float(freq), len(ms) - skip)
+        p = summarise(f, float(freq), len(ms) - skip, script=True)
     parts = []
-    for t in p["threads"][:3]:
+    for t in p["threads"][:int(os.environ.get("AB_THREADS", "3"))]:
         sh = t["shares"]
         parts.append(f"{t['thread']} {t['cpu_seconds_per_step']:.3f} s/step, work "
-                     f"{t['work_seconds_per_step']:.3f} (spin {100 * (sh.get('enqueue spin', 0) + sh.get('idle spin', 0)):.0f} %)")
+                     f"{t['work_seconds_per_step']:.3f} (spin {100 * (sh.get('enqueue spin', 0) + sh.get('idle spin', 0) + sh.get('other spin', 0)):.0f} %)")
     line += "; perf: " + "; ".join(parts)
 else:
     t = json.loads(subprocess.run([sys.executable, f"{repo}/scripts/gpu/threads.py", "summary", f"{run}.threads",

@@ -20,7 +20,20 @@ that time. Each sample is classed by its symbol:
 - kernel: the operating system's side (`[k]` symbols: yields, sleeps, page faults);
 - work: the rest, with its busiest symbols listed.
 
+A build may inline the producer's spin anywhere else (the 2026-12-07 release build put it in
+CubeCL's `ComputeClient::launch_inner`, `do_empty` and `do_create`, whose samples the rules
+above counted as work: fusion's thread read 1.3 s of work a step instead of 0.09). So with
+`--script` it reads `perf script`'s samples and the code's mappings instead, and a sample whose
+instruction follows a `pause` (x86's spin hint, `f3 90`) within SPIN_WINDOW bytes of the same
+function is spin wherever it was inlined: enqueue or idle spin (by the rules above) in
+CubeCL's, fusion's and the loss's enqueue, other spin elsewhere (a lock's). Other spin also
+holds the C library's side of a yield or a sleep, with which the rings' spins back off.
+
     host_profile.py REPORT.txt --frequency HZ --steps N [--json OUT]
+        REPORT.txt: perf report --no-children --sort comm,dso,sym -n --stdio -g none
+    host_profile.py --script SCRIPT.txt --frequency HZ --steps N [--json OUT]
+        SCRIPT.txt: perf script --show-mmap-events -F comm,tid,ip,sym,symoff,dso (the binaries
+        read where the recording found them)
 """
 
 import argparse
@@ -32,7 +45,21 @@ import sys
 # hold spaces: "[JIT] tid 15744").
 LINE = re.compile(r"^\s*([\d.]+)%\s+(\d+)\s+(\S+)\s+(.+?)\s+\[(.)\]\s+(.*)$")
 
-CLASSES = ("work", "enqueue spin", "idle spin", "CUDA driver", "kernel")
+CLASSES = ("work", "enqueue spin", "idle spin", "other spin", "CUDA driver", "kernel")
+
+# `perf script -F comm,tid,ip,sym,symoff,dso` sample lines and `--show-mmap-events`' mappings:
+#   "   DSU-4-0  7821  55fe91eda05a cubecl_runtime::...::launch_inner+0x1a (/tmp/asrt)"
+#   "   spin PERF_RECORD_MMAP2 7820/7820: [0x55fe91eda000(0x1000) @ 0x1000 fe:00 1 2]: r-xp /tmp/spin"
+SAMPLE = re.compile(r"^\s*(.+?)\s+(\d+)\s+([0-9a-f]+)\s+(.*?)\s+\(([^()]*)\)\s*$")
+MMAP = re.compile(r"PERF_RECORD_MMAP2? \d+/\d+: \[0x([0-9a-f]+)\((0x[0-9a-f]+)\) @ (0x[0-9a-f]+|\d+)"
+                  r"[^\]]*\]: (\S+) (.+)$")
+PAUSE = b"\xf3\x90"
+# How far after a `pause` a spin's samples land: the loop's few instructions after it, plus the
+# sample's skid. On lavapipe (2026-12-07, bench/RESULTS.md) the training thread's and fusion's
+# samples within 64 bytes after one lay 2 to 27 bytes after it, but for 13 of 29,000 (42-58).
+SPIN_WINDOW = 32
+# Where CubeCL's, fusion's and the loss's enqueue spins are inlined.
+ENQUEUE_CODE = re.compile(r"cubecl|burn_fusion|asr_tdt::fusion")
 
 
 def classify(dso, mark, symbol):
@@ -48,7 +75,91 @@ def classify(dso, mark, symbol):
         return "CUDA driver"
     if mark == "k" or dso.startswith("[kernel"):
         return "kernel"
+    # The C library's side of a yield or a sleep (the rings' spins back off with both): waiting.
+    if re.match(r"(__)?(sched_yield|clock_nanosleep|nanosleep)|__GI___(sched_yield|clock_nanosleep)"
+                r"|std::thread::(functions::)?(sleep|yield_now)", symbol):
+        return "other spin"
     return "work"
+
+
+class Code:
+    """The bytes before a sampled instruction, read from the file mapped where the process ran it."""
+
+    def __init__(self):
+        self.maps = []  # (start, end, file offset, path), executable mappings
+        self.files = {}
+        self.cache = {}
+
+    def mapped(self, line):
+        m = MMAP.search(line)
+        if not m or "x" not in m.group(4):
+            return
+        start, length = int(m.group(1), 16), int(m.group(2), 16)
+        off = m.group(3)
+        off = int(off, 16) if off.startswith("0x") else int(off)
+        self.maps.append((start, start + length, off, m.group(5).strip()))
+
+    def before(self, ip, n):
+        """The n bytes before `ip` in its file, or None (no mapping, no file, the kernel)."""
+        key = (ip, n)
+        if key in self.cache:
+            return self.cache[key]
+        got = None
+        for start, end, off, path in reversed(self.maps):
+            if start <= ip < end:
+                f = self.files.get(path)
+                if f is None and path not in self.files:
+                    try:
+                        f = open(path, "rb")
+                    except OSError:
+                        f = None
+                    self.files[path] = f
+                if f is not None:
+                    at = ip - start + off
+                    lo = max(off, at - n)
+                    f.seek(lo)
+                    got = f.read(at - lo)
+                break
+        self.cache[key] = got
+        return got
+
+
+def classify_sample(dso, kernel, symbol, before):
+    """`classify`, and a sample within SPIN_WINDOW bytes after a `pause` is spin wherever it is."""
+    c = classify(dso, "k" if kernel else ".", symbol)
+    if c == "work" and before and PAUSE in before:
+        if "Server::start" in symbol:
+            return "idle spin"
+        return "enqueue spin" if ENQUEUE_CODE.search(symbol) else "other spin"
+    return c
+
+
+def samples_of_script(lines, code):
+    """(comm, dso, mark, symbol, count, class) for each sample of `perf script`'s text."""
+    for line in lines:
+        if "PERF_RECORD_MMAP" in line:
+            code.mapped(line)
+            continue
+        m = SAMPLE.match(line)
+        if not m:
+            continue
+        comm, _, ip, sym, dso = m.groups()
+        ip = int(ip, 16)
+        sym = re.sub(r"\+0x[0-9a-f]+$", "", sym.strip())
+        kernel = ip >= 0xffff800000000000 or dso.startswith("[kernel")
+        before = None if kernel else code.before(ip, SPIN_WINDOW)
+        yield comm, dso.rsplit("/", 1)[-1], "k" if kernel else ".", sym, 1, \
+            classify_sample(dso.rsplit("/", 1)[-1], kernel, sym, before)
+
+
+def samples_of_report(lines):
+    """(comm, dso, mark, symbol, count, class) for each row of `perf report`'s flat text."""
+    for line in lines:
+        m = LINE.match(line)
+        if not m:
+            continue
+        _, samples, comm, dso, mark, symbol = m.groups()
+        yield comm, dso, mark, symbol.strip(), int(samples), classify(dso, mark, symbol.strip())
 
 
 def thread_group(comm):
@@ -56,21 +167,18 @@ def thread_group(comm):
     return re.sub(r"-\d+-\d+$", "", comm) if re.match(r"DS[UD]-", comm) else comm
 
 
-def summarise(lines, frequency, steps):
+def summarise(lines, frequency, steps, script=False):
+    """Each thread group's CPU time per step by class; `lines` is perf report's flat text, or
+    with `script` perf script's samples and mappings."""
     threads = {}
-    for line in lines:
-        m = LINE.match(line)
-        if not m:
-            continue
-        _, samples, comm, dso, mark, symbol = m.groups()
+    rows = samples_of_script(lines, Code()) if script else samples_of_report(lines)
+    for comm, dso, mark, symbol, n, c in rows:
         t = threads.setdefault(thread_group(comm), {"samples": 0, "classes": {c: 0 for c in CLASSES},
                                                     "work_symbols": {}})
-        n = int(samples)
         t["samples"] += n
-        c = classify(dso, mark, symbol.strip())
         t["classes"][c] += n
         if c == "work":
-            name = (re.sub(r"<.*", "", symbol.strip()) or symbol.strip())[:90]
+            name = (re.sub(r"<.*", "", symbol) or symbol)[:90]
             if re.fullmatch(r"0x[0-9a-f]+", name):
                 name = f"unnamed code in {dso}"
             t["work_symbols"][name] = t["work_symbols"].get(name, 0) + n
@@ -92,15 +200,19 @@ def summarise(lines, frequency, steps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("report")
+    ap.add_argument("report", nargs="?")
+    ap.add_argument("--script", help="perf script's text (see above) instead of perf report's")
     ap.add_argument("--frequency", type=float, required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--json")
     a = ap.parse_args()
-    with open(a.report, errors="replace") as f:
-        result = summarise(f, a.frequency, a.steps)
+    path = a.script or a.report
+    if not path:
+        ap.error("give perf report's text, or perf script's with --script")
+    with open(path, errors="replace") as f:
+        result = summarise(f, a.frequency, a.steps, script=bool(a.script))
     if not result["threads"]:
-        print(f"host_profile: no samples in {a.report}", file=sys.stderr)
+        print(f"host_profile: no samples in {path}", file=sys.stderr)
         sys.exit(1)
     if a.json:
         with open(a.json, "w") as f:

@@ -14,9 +14,10 @@
 # it), --work DIR (keep the working folder for a later call on the same machine, see below).
 #
 # A session's device time is short (15 minutes, machine start included), and the idle machine
-# is taken back after 30 s. bundle.sh prints each call's carry (the kit with the working tree is
-# over the 64 MiB one call carries: call 1 carries the binaries and data, call 2 perf, and
-# finds call 1's binaries where they were). Call 1:
+# is taken back after 30 s. bundle.sh prints each call's carry: the whole kit in each call while
+# it fits with the working tree in the 64 MiB one call carries (a call that finds a fresh machine
+# then has everything); else the binaries and data in call 1, and perf in call 2, which finds
+# call 1's binaries where they were. Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
 #   bash scripts/gpu/run.sh --only hp,xl,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
@@ -184,7 +185,12 @@ if [ "$dry" = 1 ]; then
   train_dev=cpu
   sizes=small
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
-  bin="$CARGO_TARGET_DIR/debug"
+  # The test-profile binaries, with `asrt` started as the kit starts it: asrt-bench under a link
+  # named asrt (below).
+  bin="$work/bin"
+  mkdir -p "$bin"
+  for b in asrc asrt-bench make-synthetic-corpus; do ln -sfn "$CARGO_TARGET_DIR/debug/$b" "$bin/$b"; done
+  ln -sfn asrt-bench "$bin/asrt"
   corpus="$work/espeak.asrcorpus"
   "$bin/asrc" compile examples/espeak/manifest.parquet --tokenizer examples/espeak/spm.model \
     -o "$corpus" --max-reject-fraction 0.5 > "$logs/compile.log" 2>&1 \
@@ -206,6 +212,9 @@ else
       python3 -c 'import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$f" > "$bin/$b"; fi
     chmod +x "$bin/$b"
   done
+  # The kit carries asrt-bench alone (the two binaries share all their code but the benchmarks,
+  # and a call carries 64 MiB): started under the name asrt, it is asrt.
+  [ -e "$bin/asrt" ] || ln -sfn asrt-bench "$bin/asrt"
   corpus="$kit/data/espeak.asrcorpus"
   reference="$kit/reference/metrics.jsonl"
   train_steps=40
@@ -563,9 +572,11 @@ step_hp() {
   wait "$perf"
   [ "$rc" -eq 0 ] || { echo "the run failed (exit $rc)"; return "$rc"; }
   local done_steps; done_steps=$(wc -l < "$work/hp-run/metrics.jsonl")
-  $perf_cmd report -i "$work/hp.data" --no-children --sort comm,dso,sym -n --stdio -g none \
-    > "$work/hp-report.txt" 2> "$work/hp-report.log" || { cat "$work/hp-report.log"; return 1; }
-  python3 "$repo/scripts/gpu/host_profile.py" "$work/hp-report.txt" --frequency "$hp_freq" \
+  # The samples with the code's mappings, not perf report's symbols: host_profile.py tells the
+  # rings' spin by the `pause` before a sample, wherever the build inlined it.
+  $perf_cmd script -i "$work/hp.data" --show-mmap-events -F comm,tid,ip,sym,symoff,dso \
+    > "$work/hp-script.txt" 2> "$work/hp-report.log" || { cat "$work/hp-report.log"; return 1; }
+  python3 "$repo/scripts/gpu/host_profile.py" --script "$work/hp-script.txt" --frequency "$hp_freq" \
     --steps "$((done_steps - from))" --json "$work/hp.json"
   local prc=$?
   rm -f "$work/hp.data" "$work/hp-probe.data"

@@ -109,7 +109,20 @@ pub use train::parallel::{reduce, sync_buffers, DeviceAllReduce, HostSum, RankSt
 pub use train::run::{run, run_ranks, ProcessGroup, RunOptions, RunSummary};
 pub use train::{OutOfMemory, RankBatches, ResumeMismatch, StepGradients, TrainError, Trainer};
 
-/// Runs one `asrt` command line; the binary maps the error to exit code 2.
+/// `asrt`'s whole life as a process: parses the process's arguments, runs them, and prints an
+/// error as `asrt: error: ...` with exit code 2. The `asrt` binary is this; so is `asrt-bench`
+/// started under the name `asrt` (the GPU kit ships that one binary for both, as they share all
+/// their code but the benchmarks; scripts/gpu/bundle.sh).
+pub fn cli_main() -> ExitCode {
+    use clap::Parser;
+    let cli = Cli::parse();
+    run_command(&cli).unwrap_or_else(|e| {
+        eprintln!("asrt: error: {e:#}");
+        ExitCode::from(2)
+    })
+}
+
+/// Runs one `asrt` command line; [`cli_main`] maps the error to exit code 2.
 pub fn run_command(cli: &Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Plan(args) => commands::plan::run(args),

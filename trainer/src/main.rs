@@ -1,9 +1,7 @@
-//! `asrt` command-line entry point: parse, dispatch, map errors to exit codes.
+//! `asrt` command-line entry point (`asr_trainer::cli_main`: parse, dispatch, map errors to exit
+//! codes), with the allocator training wants.
 
 use std::process::ExitCode;
-
-use asr_trainer::Cli;
-use clap::Parser;
 
 // Training allocates and frees tensors of tens to hundreds of megabytes per operation. glibc's
 // malloc serves those with mmap and returns them with munmap, so every operation page-faults its
@@ -16,9 +14,5 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     #[cfg(not(feature = "system-allocator"))]
     asr_trainer::allocator::configure_for_training();
-    let cli = Cli::parse();
-    asr_trainer::run_command(&cli).unwrap_or_else(|e| {
-        eprintln!("asrt: error: {e:#}");
-        ExitCode::from(2)
-    })
+    asr_trainer::cli_main()
 }

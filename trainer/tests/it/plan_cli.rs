@@ -208,3 +208,44 @@ fn plan_of_a_training_set_reports_corpora_and_sources_and_lists_pairs() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no training corpus"));
 }
+
+/// The GPU kit carries `asrt-bench` alone and starts it as `asrt` through a link
+/// (scripts/gpu/bundle.sh, run.sh): so started it must be `asrt`, in its output, its errors and
+/// its exit codes; under its own name it stays the benchmarks.
+#[test]
+fn asrt_bench_started_as_asrt_is_asrt() {
+    let _turn = crate::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = corpus(dir.path(), 60);
+    let p = path.to_str().unwrap();
+    let link = dir.path().join("asrt");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_asrt-bench"), &link).unwrap();
+    let missing = dir.path().join("missing.asrcorpus");
+    let cases: [&[&str]; 5] = [
+        &["plan", p, "--max-batch-seconds", "30", "--json"],
+        &["plan", missing.to_str().unwrap()],
+        &["train", p, "--devices", "cuda:0,cuda:0"],
+        &["plan", "--help"],
+        &["--version"],
+    ];
+    for args in cases {
+        let real = asrt(args);
+        let linked = Command::new(&link).args(args).output().unwrap();
+        assert_eq!(linked.status.code(), real.status.code(), "asrt {args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&linked.stdout),
+            String::from_utf8_lossy(&real.stdout),
+            "asrt {args:?}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&linked.stderr),
+            String::from_utf8_lossy(&real.stderr),
+            "asrt {args:?}"
+        );
+    }
+    // The cases cover a success, a refusal and a usage error (exit 0, 2 and 2).
+    assert_eq!(asrt(cases[0]).status.code(), Some(0));
+    assert_eq!(asrt(cases[1]).status.code(), Some(2));
+    let bench = Command::new(env!("CARGO_BIN_EXE_asrt-bench")).arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&bench.stdout).contains("tdt-check"));
+}

@@ -22,6 +22,7 @@
 //! mixed up.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -383,9 +384,16 @@ fn median(mut xs: Vec<f64>) -> f64 {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     #[cfg(not(feature = "system-allocator"))]
     asr_trainer::allocator::configure_for_training();
+    // Started under the name `asrt` (a link), this binary is `asrt`: the GPU kit carries one
+    // binary for both, as they share all their code but the benchmarks and the device tool
+    // carries 64 MiB a call (scripts/gpu/bundle.sh).
+    let name = std::env::args_os().next().map(PathBuf::from);
+    if name.as_deref().and_then(|p| p.file_stem()).is_some_and(|stem| stem == "asrt") {
+        return Ok(asr_trainer::cli_main());
+    }
     let out = match Args::parse().bench {
         Bench::TrainStep {
             corpus,
@@ -661,7 +669,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     println!("{out}");
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The kernel cache `asrt` would use (`ASRT_KERNEL_CACHE`, the XDG cache).
