@@ -59,7 +59,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       fi
       # perf script's samples, not perf report's symbols: host_profile.py finds the ring's spin
       # by the code before each sample, wherever the build inlined it.
-      perf script -i "$run.perf" --show-mmap-events -F comm,tid,ip,sym,symoff,dso \
+      perf script -i "$run.perf" --show-mmap-events -G -F comm,tid,ip,sym,symoff,dso \
         > "$run.report" 2> /dev/null || true
     else
       python3 scripts/gpu/threads.py sample "$pid" "$run.threads" --metrics "$run/metrics.jsonl"
@@ -69,7 +69,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       && { [ ! -f "$run.report" ] || cp "$run.report" "$AB_KEEP/$value-$round.report"; }
     if [ -n "$frames" ] && [ -s "$run.perf" ]; then
       mv "$run.perf" "$frames/$value-$round.perf"
-      perf script -i "$frames/$value-$round.perf" 2> /dev/null \
+      perf script -i "$frames/$value-$round.perf" --show-mmap-events 2> /dev/null \
         | python3 bench/host_frames.py --frequency "$freq" --steps "$((steps - skip))" --top 40 \
         > "$frames/$value-$round.frames" || true
     fi

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Where a host thread's own work goes, by caller: `perf script` of a call-graph recording.
 
-scripts/gpu/host_profile.py classes each sample by its leaf symbol (work, spin on CubeCL's
-rings, driver, kernel) from `perf report`'s flat text. This reads `perf script`'s call chains
+scripts/gpu/host_profile.py classes each sample by its leaf (work, spin on CubeCL's rings,
+driver, kernel) from `perf script`'s flat samples. This reads `perf script`'s call chains
 (`perf record --call-graph dwarf`) and, for each thread group's *work* samples (the same
 classes, by the leaf), counts every function on the chain once per sample: a function's
 inclusive share of the thread's own work. Generic arguments are dropped from the names, so
 all of a function's instances count as one; the standard library's frames, and the threads'
 entry points, are left out of the list (they include everything).
 
-    perf script -i RUN.perf | host_frames.py --frequency HZ --steps N [--top K] [--json OUT]
+    perf script -i RUN.perf --show-mmap-events | host_frames.py --frequency HZ --steps N
+        [--top K] [--json OUT]
         [--thread NAME] [--match SUBSTRING]
 
 With --match, only the work samples whose chain holds SUBSTRING are counted (what calls it,
@@ -23,7 +24,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "gpu"))
-from host_profile import classify, thread_group  # noqa: E402
+from host_profile import SPIN_WINDOW, Code, classify_sample, thread_group  # noqa: E402
 
 HEADER = re.compile(r"^(\S.*?)\s+(\d+)(?:/(\d+))?\s+(?:\[\d+\]\s+)?[\d.]+:")
 FRAME = re.compile(r"^\s+([0-9a-f]+)\s+(.*?)\s+\((.*)\)\s*$")
@@ -44,9 +45,14 @@ def short(symbol):
     return s[:110]
 
 
-def samples(lines):
+def samples(lines, code):
+    """(comm, frames) per sample; each frame (address, symbol, dso). The mappings, where
+    `perf script --show-mmap-events` printed them, go to `code`."""
     comm, frames = None, []
     for line in lines:
+        if "PERF_RECORD_MMAP" in line:
+            code.mapped(line)
+            continue
         if not line.strip():
             if comm is not None:
                 yield comm, frames
@@ -60,26 +66,35 @@ def samples(lines):
             continue
         f = FRAME.match(line)
         if f and comm is not None:
-            frames.append((f.group(2), os.path.basename(f.group(3))))
+            frames.append((int(f.group(1), 16), f.group(2), f.group(3)))
     if comm is not None:
         yield comm, frames
 
 
 def summarise(lines, frequency, steps, top, match):
     threads = {}
-    for comm, frames in samples(lines):
+    code = Code()
+    for comm, frames in samples(lines, code):
         if not frames:
             continue
         g = threads.setdefault(thread_group(comm), {"samples": 0, "work": 0, "matched": 0,
                                                     "inclusive": {}, "leaf": {}})
         g["samples"] += 1
-        sym, dso = frames[0]
+        ip, sym, path = frames[0]
+        # An inlined leaf (`(inlined)`) is in the binary of the first real frame below it: perf
+        # prints the inlined frames at the leaf's address, and then the caller.
+        path = next((p for _, _, p in frames if p != "inlined"), path)
+        dso = os.path.basename(path)
         sym = re.sub(r"\+0x[0-9a-f]+$", "", sym)
-        mark = "k" if dso.startswith("[kernel") else "."
-        if classify(dso, mark, sym) != "work":
+        kernel = dso.startswith("[kernel") or ip >= 0xffff800000000000
+        # The leaf's class as host_profile.py gives it: spin by the `pause` before the sample
+        # (with the mappings; call chains give addresses relative to the binary's load
+        # address), wherever the build inlined the loop.
+        before = None if kernel else code.before_in(path, ip, SPIN_WINDOW)
+        if classify_sample(dso, kernel, sym, before) != "work":
             continue
         g["work"] += 1
-        names = [short(s) for s, _ in frames]
+        names = [short(s) for _, s, _ in frames]
         if match and not any(match in n for n in names):
             continue
         g["matched"] += 1

@@ -76,8 +76,8 @@ def classify(dso, mark, symbol):
     if mark == "k" or dso.startswith("[kernel"):
         return "kernel"
     # The C library's side of a yield or a sleep (the rings' spins back off with both): waiting.
-    if re.match(r"(__)?(sched_yield|clock_nanosleep|nanosleep)|__GI___(sched_yield|clock_nanosleep)"
-                r"|std::thread::(functions::)?(sleep|yield_now)", symbol):
+    if re.search(r"(^|_)(sched_yield|nanosleep)(@.*)?$"
+                 r"|^std::(thread::(functions::)?|sys::thread::unix::)(sleep|yield_now)$", symbol):
         return "other spin"
     return "work"
 
@@ -92,36 +92,49 @@ class Code:
 
     def mapped(self, line):
         m = MMAP.search(line)
-        if not m or "x" not in m.group(4):
+        if not m:
             return
         start, length = int(m.group(1), 16), int(m.group(2), 16)
         off = m.group(3)
         off = int(off, 16) if off.startswith("0x") else int(off)
-        self.maps.append((start, start + length, off, m.group(5).strip()))
+        if "x" in m.group(4):
+            self.maps.append((start, start + length, off, m.group(5).strip()))
+
+    def read(self, path, lo, hi):
+        """Bytes [lo, hi) of the file at `path`, or None where it cannot be read."""
+        if path not in self.files:
+            try:
+                self.files[path] = open(path, "rb")
+            except OSError:
+                self.files[path] = None
+        f = self.files[path]
+        if f is None or hi <= lo:
+            return None
+        f.seek(lo)
+        return f.read(hi - lo)
+
+    def before_in(self, path, offset, n):
+        """The n bytes before `offset` in the file at `path`: `perf script`'s call chains give
+        each frame's address as its offset in its file (the sampled address less its
+        mapping's start, plus the mapping's file offset)."""
+        key = (path, offset, n)
+        if key not in self.cache:
+            self.cache[key] = self.read(path, max(0, offset - n), offset) if path.startswith("/") else None
+        return self.cache[key]
 
     def before(self, ip, n):
-        """The n bytes before `ip` in its file, or None (no mapping, no file, the kernel)."""
+        """The n bytes before a sampled address (`perf script -F ip`: where the process ran
+        it) in its mapped file, or None (no mapping, no file, the kernel)."""
         key = (ip, n)
-        if key in self.cache:
-            return self.cache[key]
-        got = None
-        for start, end, off, path in reversed(self.maps):
-            if start <= ip < end:
-                f = self.files.get(path)
-                if f is None and path not in self.files:
-                    try:
-                        f = open(path, "rb")
-                    except OSError:
-                        f = None
-                    self.files[path] = f
-                if f is not None:
+        if key not in self.cache:
+            got = None
+            for start, end, off, path in reversed(self.maps):
+                if start <= ip < end:
                     at = ip - start + off
-                    lo = max(off, at - n)
-                    f.seek(lo)
-                    got = f.read(at - lo)
-                break
-        self.cache[key] = got
-        return got
+                    got = self.read(path, max(off, at - n), at)
+                    break
+            self.cache[key] = got
+        return self.cache[key]
 
 
 def classify_sample(dso, kernel, symbol, before):

@@ -574,7 +574,7 @@ step_hp() {
   local done_steps; done_steps=$(wc -l < "$work/hp-run/metrics.jsonl")
   # The samples with the code's mappings, not perf report's symbols: host_profile.py tells the
   # rings' spin by the `pause` before a sample, wherever the build inlined it.
-  $perf_cmd script -i "$work/hp.data" --show-mmap-events -F comm,tid,ip,sym,symoff,dso \
+  $perf_cmd script -i "$work/hp.data" --show-mmap-events -G -F comm,tid,ip,sym,symoff,dso \
     > "$work/hp-script.txt" 2> "$work/hp-report.log" || { cat "$work/hp-report.log"; return 1; }
   python3 "$repo/scripts/gpu/host_profile.py" --script "$work/hp-script.txt" --frequency "$hp_freq" \
     --steps "$((done_steps - from))" --json "$work/hp.json"
