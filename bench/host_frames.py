@@ -24,7 +24,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "gpu"))
-from host_profile import SPIN_WINDOW, Code, classify_sample, thread_group  # noqa: E402
+from host_profile import SPIN_WINDOW, Code, classify_sample, in_kernel, thread_group  # noqa: E402
 
 HEADER = re.compile(r"^(\S.*?)\s+(\d+)(?:/(\d+))?\s+(?:\[\d+\]\s+)?[\d.]+:")
 FRAME = re.compile(r"^\s+([0-9a-f]+)\s+(.*?)\s+\((.*)\)\s*$")
@@ -86,7 +86,7 @@ def summarise(lines, frequency, steps, top, match):
         path = next((p for _, _, p in frames if p != "inlined"), path)
         dso = os.path.basename(path)
         sym = re.sub(r"\+0x[0-9a-f]+$", "", sym)
-        kernel = dso.startswith("[kernel") or ip >= 0xffff800000000000
+        kernel = in_kernel(ip, dso)
         # The leaf's class as host_profile.py gives it: spin by the `pause` before the sample
         # (with the mappings; call chains give addresses relative to the binary's load
         # address), wherever the build inlined the loop.

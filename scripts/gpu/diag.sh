@@ -8,7 +8,7 @@
 set -u
 mkdir -p /tmp/b; for f in gpu-kit/bin/*.xz; do xz -dc $f > /tmp/b/$(basename $f .xz); done; chmod +x /tmp/b/*
 # The kit carries asrt-bench alone: started under the name asrt, it is asrt.
-[ -e /tmp/b/asrt ] || ln -s asrt-bench /tmp/b/asrt
+ln -sfn asrt-bench /tmp/b/asrt
 export ASRT_KERNEL_CACHE=/tmp/kc RUST_BACKTRACE=1
 /tmp/b/make-synthetic-corpus /tmp/same.asrcorpus --utterances 400 --vocab 1024 --min-seconds 19 --max-seconds 20 --max-tokens 80 > /dev/null
 printf 'preset = "parakeet-tdt-0.6b"\n[train]\ngrad_accum = 1\ncheckpoint_every = 0\n[sampler]\nmax_batch_seconds = 100000.0\n' > /tmp/oom.toml

@@ -137,6 +137,11 @@ class Code:
         return self.cache[key]
 
 
+def in_kernel(ip, dso):
+    """Whether a sample is the operating system's: its address, or perf's name for its code."""
+    return ip >= 0xffff800000000000 or dso.startswith("[kernel")
+
+
 def classify_sample(dso, kernel, symbol, before):
     """`classify`, and a sample within SPIN_WINDOW bytes after a `pause` is spin wherever it is."""
     c = classify(dso, "k" if kernel else ".", symbol)
@@ -156,13 +161,12 @@ def samples_of_script(lines, code):
         m = SAMPLE.match(line)
         if not m:
             continue
-        comm, _, ip, sym, dso = m.groups()
-        ip = int(ip, 16)
+        comm, _, ip, sym, path = m.groups()
+        ip, dso = int(ip, 16), path.rsplit("/", 1)[-1]
         sym = re.sub(r"\+0x[0-9a-f]+$", "", sym.strip())
-        kernel = ip >= 0xffff800000000000 or dso.startswith("[kernel")
+        kernel = in_kernel(ip, dso)
         before = None if kernel else code.before(ip, SPIN_WINDOW)
-        yield comm, dso.rsplit("/", 1)[-1], "k" if kernel else ".", sym, 1, \
-            classify_sample(dso.rsplit("/", 1)[-1], kernel, sym, before)
+        yield comm, dso, "k" if kernel else ".", sym, 1, classify_sample(dso, kernel, sym, before)
 
 
 def samples_of_report(lines):

@@ -185,12 +185,10 @@ if [ "$dry" = 1 ]; then
   train_dev=cpu
   sizes=small
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/asr-target}"
-  # The test-profile binaries, with `asrt` started as the kit starts it: asrt-bench under a link
-  # named asrt (below).
+  # The test-profile binaries, with `asrt` started as the kit starts it (below).
   bin="$work/bin"
   mkdir -p "$bin"
   for b in asrc asrt-bench make-synthetic-corpus; do ln -sfn "$CARGO_TARGET_DIR/debug/$b" "$bin/$b"; done
-  ln -sfn asrt-bench "$bin/asrt"
   corpus="$work/espeak.asrcorpus"
   "$bin/asrc" compile examples/espeak/manifest.parquet --tokenizer examples/espeak/spm.model \
     -o "$corpus" --max-reject-fraction 0.5 > "$logs/compile.log" 2>&1 \
@@ -212,9 +210,6 @@ else
       python3 -c 'import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$f" > "$bin/$b"; fi
     chmod +x "$bin/$b"
   done
-  # The kit carries asrt-bench alone (the two binaries share all their code but the benchmarks,
-  # and a call carries 64 MiB): started under the name asrt, it is asrt.
-  [ -e "$bin/asrt" ] || ln -sfn asrt-bench "$bin/asrt"
   corpus="$kit/data/espeak.asrcorpus"
   reference="$kit/reference/metrics.jsonl"
   train_steps=40
@@ -235,6 +230,9 @@ else
   fi
   export LD_LIBRARY_PATH="${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# The kit carries asrt-bench alone (the two binaries share most of their code, and a call
+# carries 64 MiB): started under the name asrt, it is asrt. The dry run starts it the same way.
+ln -sfn asrt-bench "$bin/asrt"
 export ASRT_KERNEL_CACHE="$work/kernel-cache"
 # perf for hp: the kit's copy (bundle.sh packs the build machine's perf with its libraries and
 # loader, as the GPU machine has none), run through that loader; else one on the PATH.

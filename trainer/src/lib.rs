@@ -111,8 +111,8 @@ pub use train::{OutOfMemory, RankBatches, ResumeMismatch, StepGradients, TrainEr
 
 /// `asrt`'s whole life as a process: parses the process's arguments, runs them, and prints an
 /// error as `asrt: error: ...` with exit code 2. The `asrt` binary is this; so is `asrt-bench`
-/// started under the name `asrt` (the GPU kit ships that one binary for both, as they share all
-/// their code but the benchmarks; scripts/gpu/bundle.sh).
+/// started under the name `asrt` (the GPU kit ships that one binary for both, as they share most
+/// of their code; scripts/gpu/bundle.sh).
 pub fn cli_main() -> ExitCode {
     use clap::Parser;
     let cli = Cli::parse();

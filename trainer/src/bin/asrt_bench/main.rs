@@ -388,8 +388,8 @@ fn main() -> anyhow::Result<ExitCode> {
     #[cfg(not(feature = "system-allocator"))]
     asr_trainer::allocator::configure_for_training();
     // Started under the name `asrt` (a link), this binary is `asrt`: the GPU kit carries one
-    // binary for both, as they share all their code but the benchmarks and the device tool
-    // carries 64 MiB a call (scripts/gpu/bundle.sh).
+    // binary for both, as they share most of their code and the device tool carries 64 MiB a
+    // call (scripts/gpu/bundle.sh).
     let name = std::env::args_os().next().map(PathBuf::from);
     if name.as_deref().and_then(|p| p.file_stem()).is_some_and(|stem| stem == "asrt") {
         return Ok(asr_trainer::cli_main());
