@@ -10,13 +10,14 @@
 //! forward and one backward, which recomputes the sigmoid from the kept input.
 //!
 //! A dropout right after the gate (the feed-forward's, after its Swish) runs inside the gate's
-//! operation ([`on_device_dropped`]): under fusion the two kernels are one operation of its
-//! stream each way, where they were two (96 of the 0.6B step's operations; bench/RESULTS.md,
-//! 2026-12-06), with the same bits.
-//!
-//! Likewise a mask right after the gate (the convolution module's time mask after its GLU,
-//! [`on_device_masked`]): the gate's kernel and Burn's product on the inner backend, one
-//! operation of fusion's stream each way.
+//! operation ([`on_device_dropped`]): under fusion one operation of its stream each way, where
+//! there were two (96 of the 0.6B step's operations; bench/RESULTS.md, 2026-12-06), with the
+//! same bits. Likewise a mask right after the gate (the convolution module's time mask after
+//! its GLU, [`on_device_masked`]). The CubeCL backend runs each of these two pairs as one
+//! kernel each way (`swish_dropout_*`, `glu_mask_*`), not two (144 of the step's 3,781
+//! launches; bench/RESULTS.md, 2026-12-07); any other pair as the gate's kernel then the
+//! mask's (the dropout's kernel, or Burn's product). The one kernel does the two's arithmetic
+//! in their order, so gives their bits.
 //!
 //! The ReLU is here for what it keeps, not for its launches: Burn's keeps its input, and the
 //! subsampling's stages (a convolution, its time mask, a ReLU, the next convolution, which keeps
@@ -44,7 +45,7 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
-use super::device_dropout::DeviceDropout;
+use super::device_dropout::{mask_factor, DeviceDropout};
 use super::device_op::{
     self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
 };
@@ -98,6 +99,92 @@ pub fn glu_backward(x: &Array<f32>, dy: &Array<f32>, dx: &mut Array<f32>, half: 
         let a = x[at];
         let s = sigmoid(x[at + half as usize]);
         let g = dy[pos as usize];
+        dx[at] = g * s;
+        dx[at + half as usize] = g * a * s * (1.0 - s);
+    }
+}
+
+/// One unit per element: `y = x * sigmoid(x) * m`, `m` the dropout's [`mask_factor`]: the
+/// Swish's kernel then the dropout's, in one launch, with the same bits.
+#[cube(launch)]
+pub fn swish_dropout_forward(
+    x: &Array<f32>,
+    y: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let v = x[pos as usize];
+        let swish = v * sigmoid(v);
+        y[pos as usize] = swish * mask_factor(pos, k0, k1, threshold, scale);
+    }
+}
+
+/// One unit per element: `dx = (dy * m) * (s + x s (1 - s))`: the dropout's backward then the
+/// Swish's, in one launch, with the same bits.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn swish_dropout_backward(
+    x: &Array<f32>,
+    dy: &Array<f32>,
+    dx: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let v = x[pos as usize];
+        let s = sigmoid(v);
+        let g = dy[pos as usize] * mask_factor(pos, k0, k1, threshold, scale);
+        dx[pos as usize] = g * (s + v * s * (1.0 - s));
+    }
+}
+
+/// One unit per element of `y` `[rows, H]`: the GLU's `a * sigmoid(b)` times `mask[row]` (a
+/// mask of one value a row, as `[B, T, 1]` after a GLU over `[B, T, 2H]`): the GLU's kernel
+/// then the broadcast product, in one launch, with the same bits.
+#[cube(launch)]
+pub fn glu_mask_forward(
+    x: &Array<f32>,
+    mask: &Array<f32>,
+    y: &mut Array<f32>,
+    half: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let row = pos / half;
+        let at = (row * 2 * half + pos % half) as usize;
+        let glu = x[at] * sigmoid(x[at + half as usize]);
+        y[pos as usize] = glu * mask[row as usize];
+    }
+}
+
+/// One unit per element of `dy` `[rows, H]`: the GLU's backward of `dy * mask[row]`, both
+/// halves, in one launch, with the same bits as the product then [`glu_backward`].
+#[cube(launch)]
+pub fn glu_mask_backward(
+    x: &Array<f32>,
+    mask: &Array<f32>,
+    dy: &Array<f32>,
+    dx: &mut Array<f32>,
+    half: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let row = pos / half;
+        let at = (row * 2 * half + pos % half) as usize;
+        let a = x[at];
+        let s = sigmoid(x[at + half as usize]);
+        let g = dy[pos as usize] * mask[row as usize];
         dx[at] = g * s;
         dx[at + half as usize] = g * a * s * (1.0 - s);
     }
@@ -287,6 +374,127 @@ where
         }
         dx
     }
+
+    /// The Swish and its dropout, or the GLU and a mask of one value a row, in one kernel;
+    /// the gate's kernel then the mask's elsewhere. A kernel is host work on CubeCL's device
+    /// thread (and on fusion's, which runs the operation) in a step that the host bounds on an
+    /// H200: these were 96 of the 0.6B step's 3,781 launches (bench/RESULTS.md, 2026-12-07).
+    fn gate_forward_then(
+        gate: Gate,
+        after: After<Self>,
+        x: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let dims = gate.output_dims(&x.shape().to_vec());
+        let units = dims.iter().product::<usize>();
+        let cube = CubeDim::new_1d(CUBE);
+        match (gate, after) {
+            (Gate::Swish, After::Dropout(rule)) => {
+                let x = contiguous(x);
+                let client = x.client.clone();
+                let y = empty::<R>(&client, &x.device, dims);
+                let (k0, k1, threshold, scale) = rule.kernel_args();
+                let (xa, ya) = (x.clone().into_array_arg(), y.clone().into_array_arg());
+                let n = units as u32;
+                swish_dropout_forward::launch::<R>(
+                    &client,
+                    grid(units),
+                    cube,
+                    xa,
+                    ya,
+                    k0,
+                    k1,
+                    threshold,
+                    scale,
+                    n,
+                );
+                y
+            }
+            (Gate::Glu, After::Mask(mask)) if row_mask(&mask, &dims) => {
+                let (x, mask) = (contiguous(x), contiguous(mask));
+                let client = x.client.clone();
+                let half = dims.last().copied().unwrap_or(0);
+                let y = empty::<R>(&client, &x.device, dims);
+                let (xa, ma, ya) = (
+                    x.clone().into_array_arg(),
+                    mask.clone().into_array_arg(),
+                    y.clone().into_array_arg(),
+                );
+                let (h, n) = (half as u32, units as u32);
+                glu_mask_forward::launch::<R>(&client, grid(units), cube, xa, ma, ya, h, n);
+                y
+            }
+            (gate, after) => after.apply(Self::gate_forward(gate, x)),
+        }
+    }
+
+    /// As [`Self::gate_forward_then`], backward.
+    fn gate_backward_then(
+        gate: Gate,
+        after: After<Self>,
+        x: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let dims = x.shape().to_vec();
+        let cube = CubeDim::new_1d(CUBE);
+        match (gate, after) {
+            (Gate::Swish, After::Dropout(rule)) => {
+                let (x, dy) = (contiguous(x), contiguous(dy));
+                let client = x.client.clone();
+                let units = dims.iter().product::<usize>();
+                let dx = empty::<R>(&client, &x.device, dims);
+                let (k0, k1, threshold, scale) = rule.kernel_args();
+                let (xa, dya, dxa) = (
+                    x.clone().into_array_arg(),
+                    dy.clone().into_array_arg(),
+                    dx.clone().into_array_arg(),
+                );
+                let n = units as u32;
+                swish_dropout_backward::launch::<R>(
+                    &client,
+                    grid(units),
+                    cube,
+                    xa,
+                    dya,
+                    dxa,
+                    k0,
+                    k1,
+                    threshold,
+                    scale,
+                    n,
+                );
+                dx
+            }
+            (Gate::Glu, After::Mask(mask)) if row_mask(&mask, &Gate::Glu.output_dims(&dims)) => {
+                let (x, mask, dy) = (contiguous(x), contiguous(mask), contiguous(dy));
+                let client = x.client.clone();
+                let half = dims.last().copied().unwrap_or(0) / 2;
+                // One unit per output element writes both of its input's halves.
+                let units = dims.iter().product::<usize>() / 2;
+                let dx = empty::<R>(&client, &x.device, dims);
+                let (xa, ma, dya, dxa) = (
+                    x.clone().into_array_arg(),
+                    mask.clone().into_array_arg(),
+                    dy.clone().into_array_arg(),
+                    dx.clone().into_array_arg(),
+                );
+                let (h, n) = (half as u32, units as u32);
+                glu_mask_backward::launch::<R>(&client, grid(units), cube, xa, ma, dya, dxa, h, n);
+                dx
+            }
+            (gate, after) => Self::gate_backward(gate, x, after.apply(dy)),
+        }
+    }
+}
+
+/// Whether `mask` is an f32 tensor of one value per row of an output of `out` dims: the same
+/// leading axes, the last of length 1 (`[B, T, 1]` for `[B, T, H]`), as the broadcast product
+/// reads it.
+fn row_mask<R: CubeRuntime>(mask: &burn_cubecl::tensor::CubeTensor<R>, out: &[usize]) -> bool {
+    let dims = mask.shape().to_vec();
+    mask.dtype == DType::F32
+        && dims.len() == out.len()
+        && dims.last() == Some(&1)
+        && dims[..dims.len() - 1] == out[..out.len() - 1]
 }
 
 impl<B> DeviceGates for Fusion<B>
