@@ -6,9 +6,10 @@
 //! twice as many backward, three of them reductions. The Conformer block runs five, so at the
 //! 0.6B preset's 24 layers they are thousands of a step's operations, and a GPU step is bound
 //! by the host's cost per operation (bench/RESULTS.md, "Where a GPU step's launches come
-//! from"). Here the forward is one kernel, and the backward two kernels and one sum: the
-//! input's gradient, then partial sums of the scale's and shift's gradients over blocks of rows,
-//! summed by Burn.
+//! from"). Here the forward is one kernel, and the backward two: the input's gradient, then
+//! the scale's and shift's gradients summed over the rows by a cube per 8 columns whose lanes
+//! split the rows (up to 4,096 rows; beyond, partial sums over blocks of rows, then
+//! `device_sum`'s sum of them: one launch more).
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors and a shift; `None` elsewhere, and the caller runs Burn's
@@ -36,6 +37,7 @@ use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, DeviceOp, CUBE,
 };
+use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
 use super::host_depthwise::{cast, float};
 
 /// Rows per partial sum of the scale's and shift's gradients: each unit of that kernel sums one
@@ -157,6 +159,41 @@ pub fn layer_norm_backward_params(
     }
 }
 
+/// One cube per `LANE_COLS` columns, its lanes over the rows (`device_sum::lanes_sum`): the
+/// scale's gradient `sum dy * xhat` to `sums[0, column]` and the shift's `sum dy` to
+/// `sums[1, column]`, `sums` being `[2, width]`: the partial sums over blocks of rows and their
+/// sum in one launch, where the rows are few enough (`device_sum::in_lanes`).
+#[cube(launch)]
+pub fn layer_norm_params_lanes(
+    x: &Array<f32>,
+    stats: &Array<f32>,
+    dy: &Array<f32>,
+    sums: &mut Array<f32>,
+    width: u32,
+    rows: u32,
+) {
+    let col = UNIT_POS % LANE_COLS;
+    let lane = UNIT_POS / LANE_COLS;
+    let c = cube_index() * LANE_COLS + col;
+    let mut d_gamma = 0.0f32;
+    let mut d_beta = 0.0f32;
+    if c < width {
+        for r in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
+            let at = (r * width + c) as usize;
+            let xhat = (x[at] - stats[(2 * r) as usize]) * stats[(2 * r + 1) as usize];
+            d_gamma += dy[at] * xhat;
+            d_beta += dy[at];
+        }
+    }
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let d_gamma = lanes_sum(&mut shared, d_gamma);
+    let d_beta = lanes_sum(&mut shared, d_beta);
+    if c < width && lane == 0 {
+        sums[c as usize] = d_gamma;
+        sums[(width + c) as usize] = d_beta;
+    }
+}
+
 /// What the forward keeps for the backward: the input, the scale, and each row's mean and
 /// reciprocal deviation `[rows, 2]`.
 #[derive(Debug, Clone)]
@@ -253,6 +290,24 @@ where
             width as u32,
             rows as u32,
         );
+        if in_lanes(rows) {
+            // One launch, not two: five normalisations a Conformer block, 120 of the 0.6B
+            // step's launches (bench/RESULTS.md, 2026-12-07).
+            let sums = empty::<R>(&client, &device, vec![2, width]);
+            layer_norm_params_lanes::launch::<R>(
+                &client,
+                cubes(width.div_ceil(LANE_COLS as usize)),
+                CubeDim::new_1d(CUBE),
+                x.into_array_arg(),
+                stats.into_array_arg(),
+                dy.into_array_arg(),
+                sums.clone().into_array_arg(),
+                width as u32,
+                rows as u32,
+            );
+            let (d_gamma, d_beta) = device_op::weight_and_bias::<Self>(sums, 1, width);
+            return (dx, Self::float_reshape(d_gamma, [width].into()), d_beta);
+        }
         let blocks = rows.div_ceil(ROWS).max(1);
         let parts = empty::<R>(&client, &device, vec![2, blocks, width]);
         // Every `(block, column)` unit writes both of its partial sums (an empty block, only
@@ -401,20 +456,19 @@ mod tests {
     use burn::nn::LayerNormConfig;
     use burn::tensor::Distribution;
 
-    /// The operation against Burn's `LayerNorm` on the same backend, over rows wider and
-    /// narrower than a cube and more rows than one block of the parameters' partial sums: the
-    /// outputs, and the gradients of the input, the scale and the shift under a weighted sum of
-    /// the outputs.
-    fn against_burn<B: DeviceLayerNorm>(width: usize) -> [f32; 4] {
+    /// The operation against Burn's `LayerNorm` on the same backend, over `3 x t` rows of
+    /// `width`: the outputs, and the gradients of the input, the scale and the shift under a
+    /// weighted sum of the outputs.
+    fn against_burn<B: DeviceLayerNorm>(width: usize, t: usize) -> [f32; 4] {
         let device = Default::default();
         B::seed(&device, 11);
         let eps = 1e-5;
         // An offset and scale per row, as activations have, so the mean matters.
-        let x = Tensor::<B, 3>::random([3, 37, width], Distribution::Normal(0.0, 1.0), &device)
+        let x = Tensor::<B, 3>::random([3, t, width], Distribution::Normal(0.0, 1.0), &device)
             .mul_scalar(2.5)
             .add_scalar(0.7);
         let weights =
-            Tensor::<B, 3>::random([3, 37, width], Distribution::Normal(0.0, 1.0), &device);
+            Tensor::<B, 3>::random([3, t, width], Distribution::Normal(0.0, 1.0), &device);
         type A<B> = Autodiff<B>;
         let mut norm = LayerNormConfig::new(width).with_epsilon(eps).init::<A<B>>(&device);
         let gamma = Tensor::<B, 1>::random([width], Distribution::Normal(1.0, 0.5), &device);
@@ -451,12 +505,16 @@ mod tests {
         [difference(y, y0), difference(dx, dx0), difference(dg, dg0), difference(db, db0)]
     }
 
+    /// Rows narrower and wider than a cube; 111 rows, whose parameter sums take one launch
+    /// (at widths 72 and 600 every column block is whole; at 20 the last is cut short), and 4,200, which take partial sums
+    /// over blocks of rows and then their sum.
     #[test]
     fn matches_burn_s_layer_norm_and_its_gradients_on_wgpu_with_and_without_fusion() {
         let cases = [
-            ("wgpu, width 72", against_burn::<burn::backend::Wgpu>(72)),
-            ("wgpu, width 600", against_burn::<burn::backend::Wgpu>(600)),
-            ("fused wgpu, width 600", against_burn::<Fusion<burn::backend::Wgpu>>(600)),
+            ("wgpu, width 72", against_burn::<burn::backend::Wgpu>(72, 37)),
+            ("wgpu, width 600", against_burn::<burn::backend::Wgpu>(600, 37)),
+            ("fused wgpu, width 600", against_burn::<Fusion<burn::backend::Wgpu>>(600, 37)),
+            ("wgpu, width 20, 4,200 rows", against_burn::<burn::backend::Wgpu>(20, 1400)),
         ];
         for (name, d) in &cases {
             eprintln!(
@@ -464,9 +522,10 @@ mod tests {
                 d[0], d[1], d[2], d[3]
             );
         }
-        // Measured: wgpu at width 72 1.5e-7, 1.7e-7, 2.8e-7, 1.1e-7; at width 600 (fused or not)
-        // 1.5e-7, 1.9e-7, 2.4e-7, 2.6e-7 (two f32 evaluations of the same arithmetic, summed in
-        // another order). Bounds: 5x the largest.
+        // Measured: wgpu at width 72 1.1e-7, 1.8e-7, 1.5e-7, 1.5e-7; at width 600 (fused or not)
+        // 1.5e-7, 1.9e-7, 2.4e-7, 2.3e-7; 4,200 rows 1.3e-7, 2.5e-7, 4.4e-7, 6.1e-7 (two f32
+        // evaluations of the same arithmetic, summed in another order). Bounds: 2x to 5x the
+        // largest.
         for (name, d) in cases {
             for (what, v, bound) in [
                 ("output", d[0], 7.5e-7),

@@ -129,8 +129,20 @@ pub fn weight_and_bias_sums<B: DeviceSum>(
     taps: usize,
     channels: usize,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
-    let sums = Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(B::sum_axis(parts, 1, false)))
-        .reshape([taps + 1, channels]);
+    weight_and_bias::<B>(B::sum_axis(parts, 1, false), taps, channels)
+}
+
+/// The weight `[taps, C]` and the bias `[C]` in `sums` (`[taps + 1, 1, C]` or
+/// `[taps + 1, C]`, the bias's last), as views.
+pub fn weight_and_bias<B: Backend>(
+    sums: FloatTensor<B>,
+    taps: usize,
+    channels: usize,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let sums = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(B::float_reshape(
+        sums,
+        [taps + 1, channels].into(),
+    )));
     let dw = sums.clone().narrow(0, 0, taps).into_primitive().tensor();
     let db = sums.narrow(0, taps, 1).reshape([channels]).into_primitive().tensor();
     (dw, db)

@@ -79,9 +79,39 @@ pub fn sum_chunks(
 
 /// Columns a cube of [`sum_lanes`] sums side by side (32 bytes of a row: one memory sector);
 /// the cube's other units are its row lanes, [`CUBE`] / `LANE_COLS` of them.
-const LANE_COLS: u32 = 8;
+pub(crate) const LANE_COLS: u32 = 8;
 /// Most rows a unit of [`sum_lanes`] reads; a longer axis takes [`sum_chunks`]' passes.
 const LANE_MAX_ROWS: usize = 128;
+
+/// Whether a sum over `rows` rows is one launch of a lanes kernel ([`sum_lanes`], and the
+/// layer normalisation's parameter sums): each of a cube's lanes then reads at most
+/// [`LANE_MAX_ROWS`] rows.
+pub(crate) fn in_lanes(rows: usize) -> bool {
+    rows <= (CUBE / LANE_COLS) as usize * LANE_MAX_ROWS
+}
+
+/// The sum over a cube's row lanes of each unit's `value` (the cube's units being
+/// [`LANE_COLS`] columns side by side, lane after lane), by a tree in shared memory of
+/// [`CUBE`] values, always in the same order; lane 0's units get their column's sum. Every
+/// unit of the cube must call it (it waits at barriers).
+#[cube]
+pub fn lanes_sum(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
+    let lane = UNIT_POS / LANE_COLS;
+    shared[UNIT_POS as usize] = value;
+    sync_cube();
+    let mut stride = CUBE_DIM / LANE_COLS / 2;
+    while stride > 0 {
+        if lane < stride {
+            let other = shared[(UNIT_POS + stride * LANE_COLS) as usize];
+            shared[UNIT_POS as usize] += other;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    let out = shared[(UNIT_POS % LANE_COLS) as usize];
+    sync_cube();
+    out
+}
 
 /// One cube per `(o, block of LANE_COLS columns)`: each unit sums every `lanes`-th row of its
 /// column (squared when `square`), then the cube adds its lanes by a tree in shared memory,
@@ -118,19 +148,9 @@ pub fn sum_lanes(
         }
     }
     let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    shared[UNIT_POS as usize] = acc;
-    sync_cube();
-    let mut stride = lanes / 2;
-    while stride > 0 {
-        if lane < stride {
-            let other = shared[(UNIT_POS + stride * LANE_COLS) as usize];
-            shared[UNIT_POS as usize] += other;
-        }
-        sync_cube();
-        stride /= 2;
-    }
+    let sum = lanes_sum(&mut shared, acc);
     if inside && lane == 0 {
-        out[(o * inner + i) as usize] = shared[col as usize];
+        out[(o * inner + i) as usize] = sum;
     }
 }
 
@@ -160,7 +180,7 @@ pub fn sum_middle<R: CubeRuntime>(
         let columns = sum_middle(x, outer, n / LANES, LANES, square);
         return sum_middle(columns, outer, LANES, 1, false);
     }
-    if n <= (CUBE / LANE_COLS) as usize * LANE_MAX_ROWS {
+    if in_lanes(n) {
         // One launch, not two or more: a linear layer's bias gradient sums its B x T rows
         // (about 2,000 at the 0.6B preset) into `inner` columns, and each launch is host work
         // on CubeCL's device thread (and fusion's) in a step that the host bounds on an H200
