@@ -17,6 +17,8 @@ that time. Each sample is classed by its symbol:
   allocations per operation);
 - idle spin: `custom_channel::Server::start`, the consumer's spin on an empty ring;
 - CUDA driver: anything in `libcuda` (launches, and the driver's own waits in a sync);
+- JIT code: code in no file (`perf-PID.map`, `[unknown]`): on lavapipe the kernels themselves,
+  which CubeCL's device thread runs, so that thread's work is its launches' host side;
 - kernel: the operating system's side (`[k]` symbols: yields, sleeps, page faults);
 - work: the rest, with its busiest symbols listed.
 
@@ -45,7 +47,11 @@ import sys
 # hold spaces: "[JIT] tid 15744").
 LINE = re.compile(r"^\s*([\d.]+)%\s+(\d+)\s+(\S+)\s+(.+?)\s+\[(.)\]\s+(.*)$")
 
-CLASSES = ("work", "enqueue spin", "idle spin", "other spin", "CUDA driver", "kernel")
+CLASSES = ("work", "enqueue spin", "idle spin", "other spin", "CUDA driver", "JIT code", "kernel")
+
+# Code compiled at run time, which perf finds in no file of its own: on lavapipe the device's
+# kernels, which CubeCL's device thread runs itself (LLVM's `/tmp/perf-PID.map`, or none).
+JIT = re.compile(r"^(perf-\d+\.map|\[unknown\]|//anon|anon|\[JIT\].*)$")
 
 # `perf script -F comm,tid,ip,sym,symoff,dso` sample lines and `--show-mmap-events`' mappings:
 #   "   DSU-4-0  7821  55fe91eda05a cubecl_runtime::...::launch_inner+0x1a (/tmp/asrt)"
@@ -73,6 +79,8 @@ def classify(dso, mark, symbol):
         return "idle spin"
     if dso.startswith("libcuda"):
         return "CUDA driver"
+    if JIT.match(dso):
+        return "JIT code"
     if mark == "k" or dso.startswith("[kernel"):
         return "kernel"
     # The C library's side of a yield or a sleep (the rings' spins back off with both): waiting.
