@@ -8,9 +8,11 @@
 //! (bench/RESULTS.md). Here the mask is never stored: one kernel hashes each element's index
 //! with the call's seed ([`dropout::word`]) and multiplies, forward; the same kernel on the
 //! output's gradient is the backward. A residual connection through a dropout
-//! (`x + factor * dropout(f)`, [`dropout::Dropout::residual`]) is one kernel too, forward
-//! (`residual_apply`, the factor folded into the rule's scale); its backward passes the
-//! output's gradient to `x` as it is and runs `dropout_apply` on it for `f`.
+//! (`x + factor * dropout(f)`, [`dropout::Dropout::residual_linear`]'s fallback) is one
+//! kernel too, forward (`residual_apply`, the factor folded into the rule's scale); its
+//! backward passes the output's gradient to `x` as it is and runs `dropout_apply` on it for
+//! `f`. With the linear layer's bias before it (`bias_residual_apply`) it is the forward's
+//! second kernel of `device_matmul::linear_residual`.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`) under
 //! autodiff (dropout is the identity without it), with f32 tensors of fewer than `2^32`
@@ -100,6 +102,31 @@ pub fn residual_apply(
     }
 }
 
+/// One unit per element of `y` `[.., cols]`: `y = x + (p + b[column]) * m`, `m`
+/// [`mask_factor`]: a linear layer's bias (`device_bias::bias_add`) and the residual after it
+/// ([`residual_apply`]) in one launch, with the same bits.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn bias_residual_apply(
+    x: &Array<f32>,
+    p: &Array<f32>,
+    b: &Array<f32>,
+    y: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    cols: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let i = pos as usize;
+        let f = p[i] + b[(pos % cols) as usize];
+        y[i] = x[i] + f * mask_factor(pos, k0, k1, threshold, scale);
+    }
+}
+
 /// The operations (see the module): the backends that have them.
 pub trait DeviceDropout: Backend {
     /// `x` times `rule`'s mask, element by element in `x`'s logical order.
@@ -107,6 +134,15 @@ pub trait DeviceDropout: Backend {
 
     /// `x + f` times `rule`'s mask, `x` and `f` of one shape.
     fn residual_apply(rule: Rule, x: FloatTensor<Self>, f: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `x + (p + b)` times `rule`'s mask, `x` and `p` `[.., cols]` of one shape, `b` `[cols]`
+    /// added to every row: a linear layer's bias and the residual after it, one kernel.
+    fn bias_residual_apply(
+        rule: Rule,
+        x: FloatTensor<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
 }
 
 impl<R, F, I, BT> DeviceDropout for CubeBackend<R, F, I, BT>
@@ -162,6 +198,37 @@ where
         );
         y
     }
+
+    fn bias_residual_apply(
+        rule: Rule,
+        x: FloatTensor<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let dims = x.shape().to_vec();
+        let units = dims.iter().product::<usize>();
+        let cols = dims.last().copied().unwrap_or(1).max(1);
+        let (x, p, b) = (contiguous(x), contiguous(p), contiguous(b));
+        let client = x.client.clone();
+        let y = empty::<R>(&client, &x.device, dims);
+        let (k0, k1, threshold, scale) = rule.kernel_args();
+        bias_residual_apply::launch::<R>(
+            &client,
+            grid(units),
+            CubeDim::new_1d(CUBE),
+            x.into_array_arg(),
+            p.into_array_arg(),
+            b.into_array_arg(),
+            y.clone().into_array_arg(),
+            k0,
+            k1,
+            threshold,
+            scale,
+            cols as u32,
+            units as u32,
+        );
+        y
+    }
 }
 
 impl<B> DeviceDropout for Fusion<B>
@@ -180,6 +247,19 @@ where
         let out = (x.shape.to_vec(), DType::F32);
         let [y] = in_stream::<B, _, 2, 1>("residual_apply", [x, f], [out], move |[x, f]| {
             [B::residual_apply(rule, x, f)]
+        });
+        y
+    }
+
+    fn bias_residual_apply(
+        rule: Rule,
+        x: FloatTensor<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let out = (x.shape.to_vec(), DType::F32);
+        let [y] = in_stream::<B, _, 3, 1>("bias_residual", [x, p, b], [out], move |[x, p, b]| {
+            [B::bias_residual_apply(rule, x, p, b)]
         });
         y
     }

@@ -61,8 +61,10 @@ use cubek::matmul::routines::{BlueprintStrategy, Routine};
 use cubek::std::InputBinding;
 
 use super::device_bias::DeviceBias;
+use super::device_dropout::DeviceDropout;
 use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
-use super::host_depthwise::{cast, float};
+use super::dropout::Rule;
+use super::host_depthwise::{cast, float, same};
 pub use super::matmul_kernel::{chosen, Kernel};
 
 /// cubek's strategy for `kernel`, with the blueprint inferred from the problem; `None` for
@@ -233,7 +235,7 @@ fn report_stack_fallback(form: &'static str, why: &str) {
 
 /// The product with a chosen kernel, and a linear layer's bias with it: the backends that have
 /// them.
-pub trait DeviceMatmul: DeviceBias {
+pub trait DeviceMatmul: DeviceBias + DeviceDropout {
     /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, written in f32,
     /// or why it could not run. The operands are f32, or both of mixed precision's half type
     /// (`device_mixed`), which the kernel multiplies as they are, accumulating in f32.
@@ -357,6 +359,39 @@ pub trait DeviceMatmul: DeviceBias {
         let dw = x.map(|x| Self::linear_product(x, dy.clone(), Form::WeightGradient, kernel));
         let db = bias.then(|| super::device_bias::bias_grad::<Self>(dy));
         [dx, dw, db]
+    }
+
+    /// A linear layer with its bias and the residual connection after it,
+    /// `x + (h · w + b)` times `rule`'s mask: [`Self::linear_product`], then the bias and the
+    /// residual in one kernel (`device_dropout`'s `bias_residual_apply`). Under fusion one
+    /// operation of its stream, not two ([`Fusion`]'s override).
+    fn linear_residual_forward(
+        x: FloatTensor<Self>,
+        h: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        rule: Rule,
+        kernel: Kernel,
+    ) -> FloatTensor<Self> {
+        let p = Self::linear_product(h, w, Form::Forward, kernel);
+        Self::bias_residual_apply(rule, x, p, b)
+    }
+
+    /// The gradients of [`Self::linear_residual_forward`]'s `h`, `w` and `b`, each where asked
+    /// as in [`Self::linear_grads`], from the output's `dy`: the mask applied to `dy`, then the
+    /// layer's (`x`'s is `dy` itself). Under fusion one operation of its stream.
+    fn linear_residual_grads(
+        dy: FloatTensor<Self>,
+        w: Option<FloatTensor<Self>>,
+        h: Option<FloatTensor<Self>>,
+        bias: bool,
+        rule: Rule,
+        kernel: Kernel,
+    ) -> [Option<FloatTensor<Self>>; 3] {
+        if w.is_none() && h.is_none() && !bias {
+            return [None, None, None];
+        }
+        Self::linear_grads(Self::dropout_apply(rule, dy), w, h, bias, kernel)
     }
 
     /// [`Self::try_product`], else Burn's product (reporting why once per site).
@@ -681,33 +716,93 @@ where
         bias: bool,
         kernel: Kernel,
     ) -> [Option<FloatTensor<Self>>; 3] {
-        let asked = [w.is_some(), x.is_some(), bias];
-        let mut outputs = Vec::with_capacity(3);
-        if let Some(w) = &w {
-            outputs.push((Form::InputGradient.shapes(&dy.shape, &w.shape).0, DType::F32));
-        }
-        if let Some(x) = &x {
-            outputs.push((Form::WeightGradient.shapes(&x.shape, &dy.shape).0, DType::F32));
-        }
-        if bias {
-            outputs.push((vec![dy.shape.last().copied().unwrap_or(1)], DType::F32));
-        }
-        if outputs.is_empty() {
-            return [None, None, None];
-        }
-        let inputs = [Some(dy), w, x].into_iter().flatten().collect();
-        let run = move |inputs: Vec<FloatTensor<B>>| {
-            let mut inputs = inputs.into_iter();
-            let Some(dy) = inputs.next() else {
-                unreachable!("linear backward: the output's gradient is the first input")
-            };
-            let w = if asked[0] { inputs.next() } else { None };
-            let x = if asked[1] { inputs.next() } else { None };
-            B::linear_grads(dy, w, x, bias, kernel).into_iter().flatten().collect()
-        };
-        let mut grads = in_stream_vec::<B, _>("linear backward", inputs, outputs, run).into_iter();
-        asked.map(|yes| if yes { grads.next() } else { None })
+        grads_in_stream::<B, _>("linear backward", dy, w, x, bias, move |dy, w, x| {
+            B::linear_grads(dy, w, x, bias, kernel)
+        })
     }
+
+    /// The layer and the residual as one operation of fusion's stream: 96 of the 0.6B step's
+    /// operations were the residuals after a layer, and as many their backward
+    /// (bench/RESULTS.md, 2026-12-07).
+    fn linear_residual_forward(
+        x: FloatTensor<Self>,
+        h: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        rule: Rule,
+        kernel: Kernel,
+    ) -> FloatTensor<Self> {
+        let out = [(x.shape.to_vec(), DType::F32)];
+        let [y] = in_stream::<B, _, 4, 1>("linear residual", [x, h, w, b], out, move |inputs| {
+            let [x, h, w, b] = inputs;
+            [B::linear_residual_forward(x, h, w, b, rule, kernel)]
+        });
+        y
+    }
+
+    fn linear_residual_grads(
+        dy: FloatTensor<Self>,
+        w: Option<FloatTensor<Self>>,
+        h: Option<FloatTensor<Self>>,
+        bias: bool,
+        rule: Rule,
+        kernel: Kernel,
+    ) -> [Option<FloatTensor<Self>>; 3] {
+        grads_in_stream::<B, _>("linear residual backward", dy, w, h, bias, move |dy, w, h| {
+            B::linear_residual_grads(dy, w, h, bias, rule, kernel)
+        })
+    }
+}
+
+/// A linear layer's gradients asked for (the input's where `w` is given, the weight's where
+/// `x` is, the bias's where `bias`) from `dy` by `run` on the inner backend, as one operation
+/// of fusion's stream whose inputs are `dy` and the operands given (a tensor that is not read
+/// is not held for it).
+fn grads_in_stream<B, F>(
+    name: &'static str,
+    dy: FloatTensor<Fusion<B>>,
+    w: Option<FloatTensor<Fusion<B>>>,
+    x: Option<FloatTensor<Fusion<B>>>,
+    bias: bool,
+    run: F,
+) -> [Option<FloatTensor<Fusion<B>>>; 3]
+where
+    B: FusionBackend,
+    F: Fn(
+            FloatTensor<B>,
+            Option<FloatTensor<B>>,
+            Option<FloatTensor<B>>,
+        ) -> [Option<FloatTensor<B>>; 3]
+        + Send
+        + Sync
+        + 'static,
+{
+    let asked = [w.is_some(), x.is_some(), bias];
+    let mut outputs = Vec::with_capacity(3);
+    if let Some(w) = &w {
+        outputs.push((Form::InputGradient.shapes(&dy.shape, &w.shape).0, DType::F32));
+    }
+    if let Some(x) = &x {
+        outputs.push((Form::WeightGradient.shapes(&x.shape, &dy.shape).0, DType::F32));
+    }
+    if bias {
+        outputs.push((vec![dy.shape.last().copied().unwrap_or(1)], DType::F32));
+    }
+    if outputs.is_empty() {
+        return [None, None, None];
+    }
+    let inputs = [Some(dy), w, x].into_iter().flatten().collect();
+    let op = move |inputs: Vec<FloatTensor<B>>| {
+        let mut inputs = inputs.into_iter();
+        let Some(dy) = inputs.next() else {
+            unreachable!("linear backward: the output's gradient is the first input")
+        };
+        let w = if asked[0] { inputs.next() } else { None };
+        let x = if asked[1] { inputs.next() } else { None };
+        run(dy, w, x).into_iter().flatten().collect()
+    };
+    let mut grads = in_stream_vec::<B, _>(name, inputs, outputs, op).into_iter();
+    asked.map(|yes| if yes { grads.next() } else { None })
 }
 
 /// Every input's gradient from an operation that computes each only where asked.
@@ -775,6 +870,48 @@ impl<B: DeviceMatmul> DeviceBackward<B, 3> for BiasedProduct {
 impl<B: DeviceMatmul> DeviceOp<B, 3> for BiasedProduct {
     fn forward(&self, [x, w, b]: [FloatTensor<B>; 3]) -> (FloatTensor<B>, Self::Saved) {
         (B::linear_forward(x.clone(), w.clone(), Some(b), self.0), (x, w))
+    }
+}
+
+/// A linear layer with its bias and the residual after it, `x + (h · w + b)` times the rule's
+/// mask, as a [`DeviceOp`] of `x`, `h`, `w` and `b`: one node, and under fusion one operation
+/// each way, where the layer and the residual were two. `x`'s gradient is the output's.
+#[derive(Debug, Clone, Copy)]
+struct LinearResidual {
+    kernel: Kernel,
+    rule: Rule,
+}
+
+impl<B: DeviceMatmul> DeviceBackward<B, 4> for LinearResidual {
+    type Saved = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 4] {
+        every::<B, Self, 4>(self, saved, dy)
+    }
+
+    fn backward_tracked(
+        &self,
+        (h, w): Self::Saved,
+        dy: FloatTensor<B>,
+        [want_x, want_h, want_w, want_b]: [bool; 4],
+    ) -> [Option<FloatTensor<B>>; 4] {
+        let dx = want_x.then(|| dy.clone());
+        let [dh, dw, db] = B::linear_residual_grads(
+            dy,
+            want_h.then_some(w),
+            want_w.then_some(h),
+            want_b,
+            self.rule,
+            self.kernel,
+        );
+        [dx, dh, dw, db]
+    }
+}
+
+impl<B: DeviceMatmul> DeviceOp<B, 4> for LinearResidual {
+    fn forward(&self, [x, h, w, b]: [FloatTensor<B>; 4]) -> (FloatTensor<B>, Self::Saved) {
+        let y = B::linear_residual_forward(x, h.clone(), w.clone(), b, self.rule, self.kernel);
+        (y, (h, w))
     }
 }
 
@@ -909,6 +1046,48 @@ pub fn linear<B: Backend, const D: usize>(
         return None;
     }
     on_device(x, w, b, chosen())
+}
+
+/// `x + (h · w + b)` times `rule`'s mask, `h` `[.., in]`, `w` `[in, out]`, `b` `[out]` and `x`
+/// `[.., out]`: a linear layer in f32 with the [`chosen`] kernel and the residual connection
+/// after it, as one operation each way where the backend is one of the trainer's CubeCL types
+/// under autodiff and the tensors f32 of those shapes (under `2^32` elements); `x` given back
+/// elsewhere, and the caller runs the layer and the residual. `x` is taken, as
+/// `device_dropout::residual_on_device` takes it.
+pub fn linear_residual<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    h: &Tensor<B, D>,
+    w: &Tensor<B, 2>,
+    b: &Tensor<B, 1>,
+    rule: Rule,
+) -> Result<Tensor<B, D>, Tensor<B, D>> {
+    let f32s = [x.dtype(), h.dtype(), w.dtype(), b.dtype()].iter().all(|&t| t == DType::F32);
+    let ([i, o], [bo]) = (w.dims(), b.dims());
+    let (xd, hd) = (x.dims(), h.dims());
+    let fits = D >= 2
+        && hd[D - 1] == i
+        && o == bo
+        && xd[D - 1] == o
+        && xd[..D - 1] == hd[..D - 1]
+        && x.shape().num_elements() <= u32::MAX as usize;
+    if !f32s || !fits {
+        return Err(x);
+    }
+    let op = LinearResidual { kernel: chosen(), rule };
+    on_cube_types!(
+        B,
+        T,
+        {
+            let x = float(same::<_, Tensor<Autodiff<T>, D>>(x));
+            let h = float(same::<_, Tensor<Autodiff<T>, D>>(h.clone()));
+            let w = float(same::<_, Tensor<Autodiff<T>, 2>>(w.clone()));
+            let b = float(same::<_, Tensor<Autodiff<T>, 1>>(b.clone()));
+            let y = device_op::tracked(op, [x, h, w, b]);
+            Ok(same(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(y))))
+        },
+        { Err(x) }
+    );
+    Err(x)
 }
 
 /// The layer with `kernel` on the CubeCL types; `None` elsewhere.
@@ -1157,6 +1336,75 @@ mod tests {
             let parts = on_device(&x, &w, None, Kernel::Burn).expect("bare too");
             let parts = super::super::device_bias::on_device(parts, &b).expect("bare too");
             assert_eq!(bits(bare), bits(parts), "bare");
+        }
+        check::<W>();
+        check::<Fusion<W>>();
+    }
+
+    /// A layer with the residual after it (one operation each way) gives the bits of the layer
+    /// then the residual's operation: the output and each gradient, with every input tracked,
+    /// the residual's input alone untracked, the layer's input and weight untracked; under
+    /// autodiff and fused, over leading axes. A layer without bias, or mixed shapes, is left to
+    /// the caller.
+    #[test]
+    fn a_layer_and_its_residual_are_the_layer_then_the_residual_bit_for_bit() {
+        type A<B> = Autodiff<B>;
+        fn check<B: super::DeviceMatmul>() {
+            let device = Default::default();
+            let (lead, k, n) = ([2, 19], 45, 33);
+            let uniform = Distribution::Uniform(-1.0, 1.0);
+            let x = Tensor::<B, 3>::random([lead[0], lead[1], n], uniform, &device);
+            let h = Tensor::<B, 3>::random([lead[0], lead[1], k], uniform, &device);
+            let w = Tensor::<B, 2>::random([k, n], uniform, &device);
+            let b = Tensor::<B, 1>::random([n], uniform, &device);
+            let dy = Tensor::<B, 3>::random([lead[0], lead[1], n], uniform, &device);
+            let rule = Rule::new(0x5eed, 0.8).times(0.5);
+            let bits = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+            let flat = |t: Tensor<B, 3>| {
+                let [a, b, c] = t.dims();
+                t.reshape([a * b, c])
+            };
+            let grad_bits =
+                |g: Option<Tensor<B, 2>>| g.map(|g| g.into_data().to_vec::<f32>().unwrap());
+            // [x, h, w, b] tracked as asked: the output's bits and each tracked input's
+            // gradient's.
+            let run = |one_op: bool, tracked: [bool; 4]| {
+                let track = |t: Tensor<A<B>, 3>, yes: bool| if yes { t.require_grad() } else { t };
+                let xa = track(Tensor::from_inner(x.clone()), tracked[0]);
+                let ha = track(Tensor::from_inner(h.clone()), tracked[1]);
+                let wa = Tensor::<A<B>, 2>::from_inner(w.clone());
+                let wa = if tracked[2] { wa.require_grad() } else { wa };
+                let ba = Tensor::<A<B>, 1>::from_inner(b.clone());
+                let ba = if tracked[3] { ba.require_grad() } else { ba };
+                let y = if one_op {
+                    let op = linear_residual(xa.clone(), &ha, &wa, &ba, rule);
+                    op.ok().expect("a CubeCL type")
+                } else {
+                    let f = on_device(&ha, &wa, Some(&ba), chosen()).expect("a CubeCL type");
+                    let y = super::super::device_dropout::residual_on_device(xa.clone(), f, rule);
+                    y.ok().expect("f32 on a CubeCL type")
+                };
+                let grads = (y.clone() * Tensor::from_inner(dy.clone())).sum().backward();
+                let dx = xa.grad(&grads).map(flat);
+                let dh = ha.grad(&grads).map(flat);
+                let db = ba.grad(&grads).map(|g| g.reshape([1, n]));
+                let dw = wa.grad(&grads);
+                (bits(y.inner()), [dx, dh, dw, db].map(grad_bits))
+            };
+            for tracked in [[true; 4], [false, true, true, true], [true, false, false, true]] {
+                let (y, grads) = run(true, tracked);
+                let (y0, grads0) = run(false, tracked);
+                assert!(y.iter().zip(&bits(x.clone())).any(|(y, x)| y == x), "elements dropped");
+                assert_eq!(y, y0, "the output, {tracked:?}");
+                for (i, (g, g0)) in grads.iter().zip(&grads0).enumerate() {
+                    assert_eq!(g.is_some(), tracked[i], "gradient {i} given, {tracked:?}");
+                    assert_eq!(g, g0, "gradient {i}, {tracked:?}");
+                }
+            }
+            let wide = Tensor::<A<B>, 3>::from_inner(x.clone().repeat_dim(2, 2));
+            let (ha, wa, ba) =
+                (Tensor::from_inner(h), Tensor::from_inner(w), Tensor::from_inner(b));
+            assert!(linear_residual(wide, &ha, &wa, &ba, rule).is_err(), "x of another width");
         }
         check::<W>();
         check::<Fusion<W>>();

@@ -27,9 +27,12 @@ use std::any::TypeId;
 use std::cell::Cell;
 
 use burn::backend::{Autodiff, NdArray};
+use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::{Distribution, TensorData};
 use rayon::prelude::*;
+
+use super::precision::Precision;
 
 /// Elements per parallel task at least: large enough that a task outweighs its scheduling.
 const CHUNK: usize = 1 << 15;
@@ -98,22 +101,54 @@ impl Dropout {
         x.clone().random_like(Distribution::Bernoulli(keep)) * x / keep
     }
 
-    /// `x + factor * self.forward(f)`, `x` and `f` of one shape: a residual connection (the
-    /// Conformer layer's four, two of them halved). In training on the CPU backend one product
-    /// and one sum, the factor folded into the mask; on the trainer's CubeCL types one kernel
-    /// forward and one backward (`device_dropout`), where Burn's form is the dropout's two, a
-    /// product by the factor and the sum forward, and the dropout's and the product's backward.
-    /// The mask is the one `forward` would draw at this call, and a kept element is
-    /// `f * (scale * factor)`: for a power-of-two factor the same value as `forward`'s times
-    /// the factor.
-    pub fn residual<B: Backend, const D: usize>(
+    /// `x + factor * self.forward(layer(h))`, `x` of the layer's output's shape: a residual
+    /// connection after a linear layer (the Conformer layer's four branches each end in one;
+    /// two of the connections are halved). The mask is the one `forward` would draw at this
+    /// call, and a kept element is `f * (scale * factor)`, `f` the layer's output: for a
+    /// power-of-two factor the same value as `forward`'s times the factor.
+    /// - On the trainer's CubeCL types in training, in f32 and with a bias: one operation each
+    ///   way (`device_matmul::linear_residual`: the product, then the bias and the residual in
+    ///   one kernel), where the layer and the residual were two operations and three kernels
+    ///   forward, two operations backward.
+    /// - Otherwise the layer (`Precision::linear`), then the residual: in training on the CPU
+    ///   backend one product and one sum, the factor folded into the mask; on the CubeCL types
+    ///   one kernel forward and one backward (`device_dropout`), where Burn's form is the
+    ///   dropout's two, a product by the factor and the sum forward, and the dropout's and the
+    ///   product's backward.
+    pub fn residual_linear<B: Backend, const D: usize>(
         &self,
+        x: Tensor<B, D>,
+        layer: &Linear<B>,
+        h: Tensor<B, D>,
+        factor: f32,
+        p: Precision,
+    ) -> Tensor<B, D> {
+        let rule = self.draw::<B>(&x.device());
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let x = match (rule, &layer.bias, p.compute()) {
+            (Some(r), Some(b), None) => {
+                let (w, b) = (layer.weight.val(), b.val());
+                match super::device_matmul::linear_residual(x, &h, &w, &b, r.times(factor)) {
+                    Ok(y) => return y,
+                    Err(x) => x,
+                }
+            }
+            _ => x,
+        };
+        self.residual_drawn(rule, x, p.linear(layer, h), factor)
+    }
+
+    /// The residual connection `x + factor * dropout(f)` with its mask's `rule` drawn (`None`:
+    /// the identity's).
+    fn residual_drawn<B: Backend, const D: usize>(
+        &self,
+        rule: Option<Rule>,
         x: Tensor<B, D>,
         f: Tensor<B, D>,
         factor: f32,
     ) -> Tensor<B, D> {
         let device = x.device();
-        let Some(rule) = self.draw::<B>(&device) else {
+        let Some(rule) = rule else {
             return if factor == 1.0 { x + f } else { x + f.mul_scalar(factor) };
         };
         let keep = 1.0 - self.prob;
@@ -352,6 +387,7 @@ mod tests {
 
     #[test]
     fn a_residual_is_the_input_plus_the_factor_times_the_dropout_of_the_same_call() {
+        use burn::module::AutodiffModule;
         let device = Default::default();
         let dropout = Dropout::new(0.1);
         let data = |k: usize| {
@@ -359,28 +395,32 @@ mod tests {
             TensorData::new(v, [30, 100])
         };
         let x = Tensor::<Train, 2>::from_data(data(3), &device).require_grad();
-        let f = Tensor::<Train, 2>::from_data(data(5), &device).require_grad();
+        let h = Tensor::<Train, 2>::from_data(data(5), &device).require_grad();
+        let layer = burn::nn::LinearConfig::new(100, 100).init::<Train>(&device);
+        const F32: Precision = Precision::F32;
         let weights = Tensor::<Train, 2>::from_data(data(7), &device);
         let values_of = |t: Tensor<Train, 2>| t.into_data().to_vec::<f32>().expect("f32");
         for factor in [0.5f32, 1.0] {
             // Against the unfused form from the same point of the stream: the same bits (a
             // power-of-two factor scales exactly), forward and backward.
             seed_stream(9);
-            let fused = dropout.residual(x.clone(), f.clone(), factor);
+            let fused = dropout.residual_linear(x.clone(), &layer, h.clone(), factor, F32);
             let gf = (fused.clone() * weights.clone()).sum().backward();
             seed_stream(9);
-            let plain = x.clone() + dropout.forward(f.clone()).mul_scalar(factor);
+            let f = F32.linear(&layer, h.clone());
+            let plain = x.clone() + dropout.forward(f).mul_scalar(factor);
             let gp = (plain.clone() * weights.clone()).sum().backward();
             assert_eq!(values_of(fused), values_of(plain), "factor {factor}");
-            for t in [&x, &f] {
+            for t in [&x, &h] {
                 let grad = |g| t.grad(g).expect("a gradient").into_data().to_vec::<f32>().unwrap();
                 assert_eq!(grad(&gf), grad(&gp), "factor {factor}");
             }
         }
         // Evaluation: the plain sum.
         let bare = |k| Tensor::<NdArray, 2>::from_data(data(k), &device);
-        let eval = dropout.residual(bare(3), bare(5), 0.5);
-        let want = bare(3) + bare(5).mul_scalar(0.5);
+        let layer = layer.valid();
+        let eval = dropout.residual_linear(bare(3), &layer, bare(5), 0.5, F32);
+        let want = bare(3) + F32.linear(&layer, bare(5)).mul_scalar(0.5);
         assert_eq!(
             eval.into_data().to_vec::<f32>().unwrap(),
             want.into_data().to_vec::<f32>().unwrap()

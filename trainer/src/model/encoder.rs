@@ -225,8 +225,9 @@ impl<B: Backend> RelPositionAttention<B> {
     }
 
     /// `x` `[B, T, d]`, `pos` `[1, 2T-1, d]`, `pad` `[B, 1, 1, T]` (true on padded keys), `keep`
-    /// `[B, T, 1]` (1 on valid frames, the same mask).
-    fn forward(
+    /// `[B, T, 1]` (1 on valid frames, the same mask): the heads' context merged, `out`'s
+    /// input, which the caller runs with the residual after it.
+    fn context(
         &self,
         x: Tensor<B, 3>,
         pos: Tensor<B, 3>,
@@ -253,7 +254,7 @@ impl<B: Backend> RelPositionAttention<B> {
         let ac = p.matmul_transposed(q_u, k); // [B, H, T, T]
         let bd = p.matmul_transposed(q_v, r); // [B, H, T, 2T-1]
         let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
-        p.linear(&self.out, merge_heads(p.matmul(attn, v)))
+        merge_heads(p.matmul(attn, v))
     }
 }
 
@@ -413,8 +414,9 @@ impl<B: Backend> FeedForward<B> {
         }
     }
 
-    fn forward(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        p.linear(&self.down, swish_dropped(p.linear(&self.up, x), &self.dropout))
+    /// The hidden layer, `down`'s input: the caller runs `down` with the residual after it.
+    fn hidden(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        swish_dropped(p.linear(&self.up, x), &self.dropout)
     }
 }
 
@@ -438,14 +440,14 @@ impl<B: Backend> ConvModule<B> {
         }
     }
 
-    /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames).
-    fn forward(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+    /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames): everything but `pointwise2`,
+    /// which the caller runs with the residual after it.
+    fn hidden(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
         let x = gated_masked(p.linear(&self.pointwise1, x), keep);
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
         let x = batch_norm(&self.norm, x);
-        let x = swish(x);
-        p.linear(&self.pointwise2, x)
+        swish(x)
     }
 }
 
@@ -489,16 +491,18 @@ impl<B: Backend> ConformerLayer<B> {
         keep: Tensor<B, 3>,
         p: Precision,
     ) -> Tensor<B, 3> {
-        // Each residual connection (input + factor x dropout(branch)) is one operation where
-        // the backend has it (`Dropout::residual`).
-        let ff1 = self.ff1.forward(layer_norm(&self.norm_ff1, x.clone()), p);
-        let x = self.dropout.residual(x, ff1, 0.5);
-        let att = self.att.forward(layer_norm(&self.norm_att, x.clone()), pos, pad, &keep, p);
-        let x = self.dropout.residual(x, att, 1.0);
-        let conv = self.conv.forward(layer_norm(&self.norm_conv, x.clone()), keep, p);
-        let x = self.dropout.residual(x, conv, 1.0);
-        let ff2 = self.ff2.forward(layer_norm(&self.norm_ff2, x.clone()), p);
-        let x = self.dropout.residual(x, ff2, 0.5);
+        // Each residual connection (input + factor x dropout(branch)) runs with the linear
+        // layer that ends its branch: one operation each way on the CubeCL backends in f32
+        // (`Dropout::residual_linear`).
+        let d = &self.dropout;
+        let h = self.ff1.hidden(layer_norm(&self.norm_ff1, x.clone()), p);
+        let x = d.residual_linear(x, &self.ff1.down, h, 0.5, p);
+        let h = self.att.context(layer_norm(&self.norm_att, x.clone()), pos, pad, &keep, p);
+        let x = d.residual_linear(x, &self.att.out, h, 1.0, p);
+        let h = self.conv.hidden(layer_norm(&self.norm_conv, x.clone()), keep, p);
+        let x = d.residual_linear(x, &self.conv.pointwise2, h, 1.0, p);
+        let h = self.ff2.hidden(layer_norm(&self.norm_ff2, x.clone()), p);
+        let x = d.residual_linear(x, &self.ff2.down, h, 0.5, p);
         layer_norm(&self.norm_out, x)
     }
 }
