@@ -1378,11 +1378,11 @@ mod tests {
                 let ba = if tracked[3] { ba.require_grad() } else { ba };
                 let y = if one_op {
                     let op = linear_residual(xa.clone(), &ha, &wa, &ba, rule);
-                    op.ok().expect("a CubeCL type")
+                    op.expect("a CubeCL type")
                 } else {
                     let f = on_device(&ha, &wa, Some(&ba), chosen()).expect("a CubeCL type");
                     let y = super::super::device_dropout::residual_on_device(xa.clone(), f, rule);
-                    y.ok().expect("f32 on a CubeCL type")
+                    y.expect("f32 on a CubeCL type")
                 };
                 let grads = (y.clone() * Tensor::from_inner(dy.clone())).sum().backward();
                 let dx = xa.grad(&grads).map(flat);
