@@ -57,6 +57,32 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + f32::exp(-x))
 }
 
+/// Swish's slope at `v`, `s + v s (1 - s)` with `s = sigmoid(v)`: the kernels with and without a
+/// dropout share it, so their bits agree by construction.
+#[cube]
+fn swish_slope(v: f32) -> f32 {
+    let s = sigmoid(v);
+    s + v * s * (1.0 - s)
+}
+
+/// Where output element `pos` of a GLU over rows of `2 * half` reads its value (its gate lies
+/// `half` further on).
+#[cube]
+fn glu_at(pos: u32, half: u32) -> u32 {
+    (pos / half) * 2 * half + pos % half
+}
+
+/// The GLU's backward for the value at `at` from its output's gradient `g`: `g * sigmoid(b)` to
+/// the value's half and `g * a * s (1 - s)` to the gate's.
+#[cube]
+fn glu_grads(x: &Array<f32>, dx: &mut Array<f32>, at: u32, half: u32, g: f32) {
+    let (a_at, b_at) = (at as usize, (at + half) as usize);
+    let a = x[a_at];
+    let s = sigmoid(x[b_at]);
+    dx[a_at] = g * s;
+    dx[b_at] = g * a * s * (1.0 - s);
+}
+
 /// One unit per element: `y = x * sigmoid(x)`.
 #[cube(launch)]
 pub fn swish_forward(x: &Array<f32>, y: &mut Array<f32>, units: u32) {
@@ -72,9 +98,7 @@ pub fn swish_forward(x: &Array<f32>, y: &mut Array<f32>, units: u32) {
 pub fn swish_backward(x: &Array<f32>, dy: &Array<f32>, dx: &mut Array<f32>, units: u32) {
     let pos = unit_index();
     if pos < units {
-        let v = x[pos as usize];
-        let s = sigmoid(v);
-        dx[pos as usize] = dy[pos as usize] * (s + v * s * (1.0 - s));
+        dx[pos as usize] = dy[pos as usize] * swish_slope(x[pos as usize]);
     }
 }
 
@@ -84,7 +108,7 @@ pub fn swish_backward(x: &Array<f32>, dy: &Array<f32>, dx: &mut Array<f32>, unit
 pub fn glu_forward(x: &Array<f32>, y: &mut Array<f32>, half: u32, units: u32) {
     let pos = unit_index();
     if pos < units {
-        let at = ((pos / half) * 2 * half + pos % half) as usize;
+        let at = glu_at(pos, half) as usize;
         y[pos as usize] = x[at] * sigmoid(x[at + half as usize]);
     }
 }
@@ -95,12 +119,7 @@ pub fn glu_forward(x: &Array<f32>, y: &mut Array<f32>, half: u32, units: u32) {
 pub fn glu_backward(x: &Array<f32>, dy: &Array<f32>, dx: &mut Array<f32>, half: u32, units: u32) {
     let pos = unit_index();
     if pos < units {
-        let at = ((pos / half) * 2 * half + pos % half) as usize;
-        let a = x[at];
-        let s = sigmoid(x[at + half as usize]);
-        let g = dy[pos as usize];
-        dx[at] = g * s;
-        dx[at + half as usize] = g * a * s * (1.0 - s);
+        glu_grads(x, dx, glu_at(pos, half), half, dy[pos as usize]);
     }
 }
 
@@ -140,10 +159,8 @@ pub fn swish_dropout_backward(
 ) {
     let pos = unit_index();
     if pos < units {
-        let v = x[pos as usize];
-        let s = sigmoid(v);
         let g = dy[pos as usize] * mask_factor(pos, k0, k1, threshold, scale);
-        dx[pos as usize] = g * (s + v * s * (1.0 - s));
+        dx[pos as usize] = g * swish_slope(x[pos as usize]);
     }
 }
 
@@ -160,10 +177,9 @@ pub fn glu_mask_forward(
 ) {
     let pos = unit_index();
     if pos < units {
-        let row = pos / half;
-        let at = (row * 2 * half + pos % half) as usize;
+        let at = glu_at(pos, half) as usize;
         let glu = x[at] * sigmoid(x[at + half as usize]);
-        y[pos as usize] = glu * mask[row as usize];
+        y[pos as usize] = glu * mask[(pos / half) as usize];
     }
 }
 
@@ -180,13 +196,8 @@ pub fn glu_mask_backward(
 ) {
     let pos = unit_index();
     if pos < units {
-        let row = pos / half;
-        let at = (row * 2 * half + pos % half) as usize;
-        let a = x[at];
-        let s = sigmoid(x[at + half as usize]);
-        let g = dy[pos as usize] * mask[row as usize];
-        dx[at] = g * s;
-        dx[at + half as usize] = g * a * s * (1.0 - s);
+        let g = dy[pos as usize] * mask[(pos / half) as usize];
+        glu_grads(x, dx, glu_at(pos, half), half, g);
     }
 }
 
