@@ -12,7 +12,8 @@
 //! kernel too, forward (`residual_apply`, the factor folded into the rule's scale); its
 //! backward passes the output's gradient to `x` as it is and runs `dropout_apply` on it for
 //! `f`. With the linear layer's bias before it (`bias_residual_apply`) it is the forward's
-//! second kernel of `device_matmul::linear_residual`.
+//! second kernel of `device_matmul::linear_residual`, whose backward masks the gradient and
+//! sums its rows (the bias's gradient) in one kernel ([`DeviceDropout::dropout_row_sums`]).
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`) under
 //! autodiff (dropout is the identity without it), with f32 tensors of fewer than `2^32`
@@ -36,8 +37,10 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_fusion::{Fusion, FusionBackend};
 
 use super::device_op::{
-    self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
+    self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
+    DeviceOp, CUBE,
 };
+use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
 #[cfg(doc)]
 use super::dropout;
 use super::dropout::Rule;
@@ -127,6 +130,48 @@ pub fn bias_residual_apply(
     }
 }
 
+/// One cube per block of [`LANE_COLS`] columns of `dy` `[n, cols]`: each unit writes
+/// `g = dy * m` (`m` [`mask_factor`]) on every `lanes`-th row of its column and sums what it
+/// wrote, then the cube adds its lanes ([`lanes_sum`]) and writes `sums[column]`. The dropout's
+/// kernel on a linear layer's output gradient and its bias's gradient (`device_sum`'s
+/// `sum_lanes` over the rows) in one launch: the same masked values, summed in the same order.
+/// Every unit reaches every barrier (the bounds are tested around the reads and writes only).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn dropout_sum_lanes(
+    dy: &Array<f32>,
+    g: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    n: u32,
+    cols: u32,
+    blocks: u32,
+) {
+    let cube = cube_index();
+    let col = UNIT_POS % LANE_COLS;
+    let lane = UNIT_POS / LANE_COLS;
+    let lanes = CUBE_DIM / LANE_COLS;
+    let i = cube * LANE_COLS + col;
+    let inside = cube < blocks && i < cols;
+    let mut acc = 0.0f32;
+    if inside {
+        for r in range_stepped(lane, n, lanes) {
+            let pos = r * cols + i;
+            let v = dy[pos as usize] * mask_factor(pos, k0, k1, threshold, scale);
+            g[pos as usize] = v;
+            acc += v;
+        }
+    }
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let sum = lanes_sum(&mut shared, acc);
+    if inside && lane == 0 {
+        sums[i as usize] = sum;
+    }
+}
+
 /// The operations (see the module): the backends that have them.
 pub trait DeviceDropout: Backend {
     /// `x` times `rule`'s mask, element by element in `x`'s logical order.
@@ -143,6 +188,18 @@ pub trait DeviceDropout: Backend {
         p: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
+
+    /// `dy` `[.., cols]` times `rule`'s mask, and that product's rows summed (`[cols]`, a
+    /// linear layer's bias gradient), in one kernel ([`dropout_sum_lanes`]); `dy` given back
+    /// where the backend or the row count has no such kernel (more rows than one launch of
+    /// lanes sums), and the caller runs [`Self::dropout_apply`] and the sum.
+    fn dropout_row_sums(
+        rule: Rule,
+        dy: FloatTensor<Self>,
+    ) -> Result<[FloatTensor<Self>; 2], FloatTensor<Self>> {
+        let _ = rule;
+        Err(dy)
+    }
 }
 
 impl<R, F, I, BT> DeviceDropout for CubeBackend<R, F, I, BT>
@@ -228,6 +285,40 @@ where
             units as u32,
         );
         y
+    }
+
+    fn dropout_row_sums(
+        rule: Rule,
+        dy: FloatTensor<Self>,
+    ) -> Result<[FloatTensor<Self>; 2], FloatTensor<Self>> {
+        let dims = dy.shape().to_vec();
+        let cols = dims.last().copied().unwrap_or(1);
+        let rows = dims.iter().rev().skip(1).product::<usize>();
+        if cols == 0 || rows == 0 || !in_lanes(rows) {
+            return Err(dy);
+        }
+        let dy = contiguous(dy);
+        let client = dy.client.clone();
+        let g = empty::<R>(&client, &dy.device, dims);
+        let sums = empty::<R>(&client, &dy.device, vec![cols]);
+        let blocks = cols.div_ceil(LANE_COLS as usize);
+        let (k0, k1, threshold, scale) = rule.kernel_args();
+        dropout_sum_lanes::launch::<R>(
+            &client,
+            cubes(blocks),
+            CubeDim::new_1d(CUBE),
+            dy.into_array_arg(),
+            g.clone().into_array_arg(),
+            sums.clone().into_array_arg(),
+            k0,
+            k1,
+            threshold,
+            scale,
+            rows as u32,
+            cols as u32,
+            blocks as u32,
+        );
+        Ok([g, sums])
     }
 }
 
@@ -461,6 +552,67 @@ mod tests {
         }
         println!("residual output against the host: {worst:e}");
         assert!(worst == 0.0, "{worst:e}");
+    }
+
+    /// The masked gradient and its rows' sums in one kernel: the masked values are the host
+    /// mask's bits (the input a transposed view), and each column's sum is within the lanes
+    /// sum's bound of float64's sum of those values (relative to the sum of their magnitudes),
+    /// at one partial block of columns, several blocks, and the most rows one launch takes;
+    /// more rows are given back. Returns the worst error and whether every sum had the bits of
+    /// the dropout's kernel then `device_sum`'s.
+    fn row_sums_against_float64<B: DeviceDropout + crate::model::device_sum::DeviceSum>(
+        dims: [usize; 3],
+        rule: Rule,
+    ) -> Option<(f64, bool)> {
+        let device = Default::default();
+        B::seed(&device, 13);
+        let [a, b, c] = dims;
+        let dy = Tensor::<B, 3>::random([a, c, b], Distribution::Normal(0.0, 1.0), &device)
+            .swap_dims(1, 2);
+        let values = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+        let [g, sums] = B::dropout_row_sums(rule, dy.clone().into_primitive().tensor()).ok()?;
+        let g = values(Tensor::from_primitive(TensorPrimitive::Float(g)));
+        let sums = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(sums));
+        let sums = sums.into_data().into_vec::<f32>().unwrap();
+        let mask = rule.mask(a * b * c);
+        let want: Vec<f32> = values(dy.clone()).iter().zip(&mask).map(|(v, m)| v * m).collect();
+        let what = format!("{dims:?}, seed {:#x}", rule.seed);
+        assert_eq!(g, want, "{what}: the masked gradient");
+        assert_eq!(sums.len(), c, "{what}: one sum a column");
+        let mut worst = 0.0f64;
+        for (col, got) in sums.iter().enumerate() {
+            let column = want.iter().skip(col).step_by(c).map(|v| f64::from(*v));
+            let (sum, size) = column.fold((0.0, 0.0), |(s, m), v| (s + v, m + v.abs()));
+            worst = worst.max((f64::from(*got) - sum).abs() / size.max(f64::MIN_POSITIVE));
+        }
+        let apart = B::dropout_apply(rule, dy.into_primitive().tensor());
+        let apart = B::sum_rows(apart, vec![c]);
+        let apart = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(apart));
+        Some((worst, apart.into_data().into_vec::<f32>().unwrap() == sums))
+    }
+
+    #[test]
+    fn the_masked_gradient_and_its_row_sums_are_the_host_mask_and_float64_sums() {
+        type W = burn::backend::Wgpu;
+        let cases = [
+            ([1, 5, 7], Rule::new(3, 0.9)),
+            ([3, 29, 66], Rule::new(0xfeed_0000_0000_beef, 0.5).times(0.5)),
+            ([2, 2048, 13], Rule::new(u64::MAX, 0.2)),
+        ];
+        let mut worst = 0.0f64;
+        for (dims, rule) in cases {
+            let (error, same_bits) = row_sums_against_float64::<W>(dims, rule)
+                .unwrap_or_else(|| panic!("{dims:?}: one launch takes 4,096 rows"));
+            println!("{dims:?}: sums {error:.1e} from float64, the two kernels' bits: {same_bits}");
+            worst = worst.max(error);
+        }
+        // Measured 6.5e-8 (at 5 rows; 8.7e-9 at 4,096), with the bits of the two kernels
+        // apart at every case. Bound: 5x the measured.
+        assert!(worst <= 3.0e-7, "the sums are off by {worst:.2e}");
+        let long = row_sums_against_float64::<W>([2, 2049, 3], Rule::new(5, 0.5));
+        assert!(long.is_none(), "4,098 rows are more than one launch of lanes");
+        let fused = row_sums_against_float64::<Fusion<W>>([1, 5, 7], Rule::new(3, 0.9));
+        assert!(fused.is_none(), "fusion runs the kernel inside the layer's operation only");
     }
 
     #[test]

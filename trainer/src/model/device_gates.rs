@@ -19,6 +19,14 @@
 //! mask's (the dropout's kernel, or Burn's product). The one kernel does the two's arithmetic
 //! in their order, so gives their bits.
 //!
+//! With the linear layer before either pair as one operation (`device_matmul::linear_gated`:
+//! the feed-forward's first layer, the convolution module's first pointwise layer), the layer's
+//! bias is added inside the gate's kernel, in place in the product the operation made
+//! ([`DeviceGates::bias_gate_forward_then`]), and the gate's backward writes the bias's
+//! gradient too, its rows summed by lanes as `device_sum`'s `sum_lanes` sums them
+//! ([`DeviceGates::gate_backward_then_row_sums`]): 144 of the step's 3,053 launches at 24
+//! layers (bench/RESULTS.md, 2026-12-07, "The bias inside the gate's kernel").
+//!
 //! The ReLU is here for what it keeps, not for its launches: Burn's keeps its input, and the
 //! subsampling's stages (a convolution, its time mask, a ReLU, the next convolution, which keeps
 //! its own input) then kept two tensors of each stage's size. This one keeps its output, which
@@ -45,16 +53,25 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
+use super::device_bias::DeviceBias;
 use super::device_dropout::{mask_factor, DeviceDropout};
 use super::device_op::{
-    self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
+    self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
+    DeviceOp, CUBE,
 };
+use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
 use super::dropout::{Dropout, Rule};
 use super::host_depthwise::{cast, float};
 
 #[cube]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + f32::exp(-x))
+}
+
+/// Swish at `v`, `v * sigmoid(v)`: every forward kernel's, so their bits agree by construction.
+#[cube]
+fn swish(v: f32) -> f32 {
+    v * sigmoid(v)
 }
 
 /// Swish's slope at `v`, `s + v s (1 - s)` with `s = sigmoid(v)`: the kernels with and without a
@@ -79,8 +96,20 @@ fn glu_grads(x: &Array<f32>, dx: &mut Array<f32>, at: u32, half: u32, g: f32) {
     let (a_at, b_at) = (at as usize, (at + half) as usize);
     let a = x[a_at];
     let s = sigmoid(x[b_at]);
-    dx[a_at] = g * s;
-    dx[b_at] = g * a * s * (1.0 - s);
+    dx[a_at] = glu_value_grad(g, s);
+    dx[b_at] = glu_gate_grad(g, a, s);
+}
+
+/// The GLU's value's gradient from the output's `g` and the gate's sigmoid `s`.
+#[cube]
+fn glu_value_grad(g: f32, s: f32) -> f32 {
+    g * s
+}
+
+/// The GLU's gate's gradient from the output's `g`, the value `a` and the gate's sigmoid `s`.
+#[cube]
+fn glu_gate_grad(g: f32, a: f32, s: f32) -> f32 {
+    g * a * s * (1.0 - s)
 }
 
 /// One unit per element: `y = x * sigmoid(x)`.
@@ -88,8 +117,7 @@ fn glu_grads(x: &Array<f32>, dx: &mut Array<f32>, at: u32, half: u32, g: f32) {
 pub fn swish_forward(x: &Array<f32>, y: &mut Array<f32>, units: u32) {
     let pos = unit_index();
     if pos < units {
-        let v = x[pos as usize];
-        y[pos as usize] = v * sigmoid(v);
+        y[pos as usize] = swish(x[pos as usize]);
     }
 }
 
@@ -138,8 +166,31 @@ pub fn swish_dropout_forward(
     let pos = unit_index();
     if pos < units {
         let v = x[pos as usize];
-        let swish = v * sigmoid(v);
-        y[pos as usize] = swish * mask_factor(pos, k0, k1, threshold, scale);
+        y[pos as usize] = swish(v) * mask_factor(pos, k0, k1, threshold, scale);
+    }
+}
+
+/// One unit per element of `p` `[.., cols]`: the bias added in place, `p += b[column]` (the
+/// Swish's input, which the backward keeps), then `y = p * sigmoid(p) * m`: a linear layer's
+/// bias (`device_bias::bias_add`) and [`swish_dropout_forward`] in one launch, with their bits.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn bias_swish_dropout_forward(
+    p: &mut Array<f32>,
+    b: &Array<f32>,
+    y: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    cols: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let v = p[pos as usize] + b[(pos % cols) as usize];
+        p[pos as usize] = v;
+        y[pos as usize] = swish(v) * mask_factor(pos, k0, k1, threshold, scale);
     }
 }
 
@@ -183,6 +234,31 @@ pub fn glu_mask_forward(
     }
 }
 
+/// One unit per element of `y` `[rows, H]` over `p` `[rows, 2H]`: its two inputs (the value
+/// and the gate) take their bias `b` `[2H]` in place (the GLU's input, which the backward
+/// keeps), then `y = a * sigmoid(g) * mask[row]`: a linear layer's bias
+/// (`device_bias::bias_add`) and [`glu_mask_forward`] in one launch, with their bits.
+#[cube(launch)]
+pub fn bias_glu_mask_forward(
+    p: &mut Array<f32>,
+    b: &Array<f32>,
+    mask: &Array<f32>,
+    y: &mut Array<f32>,
+    half: u32,
+    units: u32,
+) {
+    let pos = unit_index();
+    if pos < units {
+        let at = glu_at(pos, half);
+        let (a_at, g_at) = (at as usize, (at + half) as usize);
+        let a = p[a_at] + b[(at % (2 * half)) as usize];
+        let g = p[g_at] + b[((at + half) % (2 * half)) as usize];
+        p[a_at] = a;
+        p[g_at] = g;
+        y[pos as usize] = a * sigmoid(g) * mask[(pos / half) as usize];
+    }
+}
+
 /// One unit per element of `dy` `[rows, H]`: the GLU's backward of `dy * mask[row]`, both
 /// halves, in one launch, with the same bits as the product then [`glu_backward`].
 #[cube(launch)]
@@ -198,6 +274,94 @@ pub fn glu_mask_backward(
     if pos < units {
         let g = dy[pos as usize] * mask[(pos / half) as usize];
         glu_grads(x, dx, glu_at(pos, half), half, g);
+    }
+}
+
+/// One cube per block of [`LANE_COLS`] columns of the Swish's input `x` `[n, cols]`: each unit
+/// writes the input's gradient on every `lanes`-th row of its column as
+/// [`swish_dropout_backward`] writes it, and sums what it wrote; the cube adds its lanes
+/// ([`lanes_sum`]) and writes `sums[column]`: the gate's backward and the bias gradient of the
+/// linear layer before it (`device_sum`'s `sum_lanes`) in one launch, with their bits. Every
+/// unit reaches every barrier.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn swish_dropout_backward_sums(
+    x: &Array<f32>,
+    dy: &Array<f32>,
+    dx: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    n: u32,
+    cols: u32,
+    blocks: u32,
+) {
+    let cube = cube_index();
+    let lane = UNIT_POS / LANE_COLS;
+    let i = cube * LANE_COLS + UNIT_POS % LANE_COLS;
+    let inside = cube < blocks && i < cols;
+    let mut acc = 0.0f32;
+    if inside {
+        for r in range_stepped(lane, n, CUBE_DIM / LANE_COLS) {
+            let pos = r * cols + i;
+            let g = dy[pos as usize] * mask_factor(pos, k0, k1, threshold, scale);
+            let v = g * swish_slope(x[pos as usize]);
+            dx[pos as usize] = v;
+            acc += v;
+        }
+    }
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let sum = lanes_sum(&mut shared, acc);
+    if inside && lane == 0 {
+        sums[i as usize] = sum;
+    }
+}
+
+/// As [`swish_dropout_backward_sums`], for the GLU over `x` `[n, 2 * half]` with a mask of
+/// one value a row: each unit writes its column's half of [`glu_mask_backward`]'s gradient
+/// (the value's or the gate's) and sums it.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn glu_mask_backward_sums(
+    x: &Array<f32>,
+    mask: &Array<f32>,
+    dy: &Array<f32>,
+    dx: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    n: u32,
+    half: u32,
+    blocks: u32,
+) {
+    let cube = cube_index();
+    let lane = UNIT_POS / LANE_COLS;
+    let i = cube * LANE_COLS + UNIT_POS % LANE_COLS;
+    let cols = 2 * half;
+    let inside = cube < blocks && i < cols;
+    let value = i < half;
+    let mut j = i;
+    if !value {
+        j = i - half;
+    }
+    let mut acc = 0.0f32;
+    if inside {
+        for r in range_stepped(lane, n, CUBE_DIM / LANE_COLS) {
+            let g = dy[(r * half + j) as usize] * mask[r as usize];
+            let at = r * cols + j;
+            let s = sigmoid(x[(at + half) as usize]);
+            let mut v = glu_value_grad(g, s);
+            if !value {
+                v = glu_gate_grad(g, x[at as usize], s);
+            }
+            dx[(r * cols + i) as usize] = v;
+            acc += v;
+        }
+    }
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let sum = lanes_sum(&mut shared, acc);
+    if inside && lane == 0 {
+        sums[i as usize] = sum;
     }
 }
 
@@ -240,7 +404,7 @@ pub enum Gate {
 }
 
 /// The operations (see the module): the backends that have them.
-pub trait DeviceGates: DeviceDropout {
+pub trait DeviceGates: DeviceBias + DeviceDropout {
     /// `gate` of `x` (for the GLU, the last axis of even length).
     fn gate_forward(gate: Gate, x: FloatTensor<Self>) -> FloatTensor<Self>;
 
@@ -271,6 +435,33 @@ pub trait DeviceGates: DeviceDropout {
         dy: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         Self::gate_backward(gate, kept, after.apply(dy))
+    }
+
+    /// [`Self::gate_backward_then`], and the rows of the input's gradient summed (`[cols]`,
+    /// the bias gradient of a linear layer before the gate), in one kernel where the backend
+    /// has it; `None` elsewhere (and beyond one launch of lanes sums, `device_sum`), and the
+    /// caller runs the backward and the sum.
+    fn gate_backward_then_row_sums(
+        gate: Gate,
+        after: &After<Self>,
+        x: &FloatTensor<Self>,
+        dy: &FloatTensor<Self>,
+    ) -> Option<[FloatTensor<Self>; 2]> {
+        let _ = (gate, after, x, dy);
+        None
+    }
+
+    /// [`Self::gate_forward_then`] of `p + b`, `b` `[cols]` added to every row of `p`
+    /// `[.., cols]` (a linear layer's bias): the output, and `p + b`, the gate's input, which
+    /// its backward keeps. The bias's kernel then the gate's elsewhere.
+    fn bias_gate_forward_then(
+        gate: Gate,
+        after: After<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 2] {
+        let x = Self::bias_add(p, b);
+        [Self::gate_forward_then(gate, after, x.clone()), x]
     }
 }
 
@@ -307,7 +498,7 @@ impl<B: Backend> std::fmt::Debug for After<B> {
 
 impl Gate {
     /// The output's shape for an input of `dims` (the GLU halves the last axis).
-    fn output_dims(self, dims: &[usize]) -> Vec<usize> {
+    pub(crate) fn output_dims(self, dims: &[usize]) -> Vec<usize> {
         let mut dims = dims.to_vec();
         if let (Gate::Glu, Some(last)) = (self, dims.last_mut()) {
             *last /= 2;
@@ -493,6 +684,142 @@ where
                 dx
             }
             (gate, after) => Self::gate_backward(gate, x, after.apply(dy)),
+        }
+    }
+
+    /// The Swish and its dropout, or the GLU and a row mask, backward with the bias's sum: 72
+    /// of the step's launches at 24 layers (bench/RESULTS.md, 2026-12-07, "The bias inside the
+    /// gate's kernel").
+    fn gate_backward_then_row_sums(
+        gate: Gate,
+        after: &After<Self>,
+        x: &FloatTensor<Self>,
+        dy: &FloatTensor<Self>,
+    ) -> Option<[FloatTensor<Self>; 2]> {
+        let dims = x.shape().to_vec();
+        let cols = dims.last().copied().unwrap_or(0);
+        let rows = dims.iter().rev().skip(1).product::<usize>();
+        if cols == 0 || rows == 0 || !in_lanes(rows) {
+            return None;
+        }
+        let (x, dy) = (contiguous(x.clone()), contiguous(dy.clone()));
+        let client = x.client.clone();
+        let blocks = cols.div_ceil(LANE_COLS as usize);
+        let (count, cube) = (cubes(blocks), CubeDim::new_1d(CUBE));
+        match (gate, after) {
+            (Gate::Swish, After::Dropout(rule)) => {
+                let dx = empty::<R>(&client, &x.device, dims);
+                let sums = empty::<R>(&client, &x.device, vec![cols]);
+                let (k0, k1, threshold, scale) = rule.kernel_args();
+                swish_dropout_backward_sums::launch::<R>(
+                    &client,
+                    count,
+                    cube,
+                    x.into_array_arg(),
+                    dy.into_array_arg(),
+                    dx.clone().into_array_arg(),
+                    sums.clone().into_array_arg(),
+                    k0,
+                    k1,
+                    threshold,
+                    scale,
+                    rows as u32,
+                    cols as u32,
+                    blocks as u32,
+                );
+                Some([dx, sums])
+            }
+            (Gate::Glu, After::Mask(mask))
+                if row_mask(mask, &Gate::Glu.output_dims(&dims)) && cols.is_multiple_of(2) =>
+            {
+                let mask = contiguous(mask.clone());
+                let dx = empty::<R>(&client, &x.device, dims);
+                let sums = empty::<R>(&client, &x.device, vec![cols]);
+                glu_mask_backward_sums::launch::<R>(
+                    &client,
+                    count,
+                    cube,
+                    x.into_array_arg(),
+                    mask.into_array_arg(),
+                    dy.into_array_arg(),
+                    dx.clone().into_array_arg(),
+                    sums.clone().into_array_arg(),
+                    rows as u32,
+                    (cols / 2) as u32,
+                    blocks as u32,
+                );
+                Some([dx, sums])
+            }
+            _ => None,
+        }
+    }
+
+    /// The Swish and its dropout, or the GLU and a row mask, with the bias added in place in
+    /// the same kernel (`p` must be this operation's own: a product it made), where there were
+    /// two: 72 of the step's launches at 24 layers (bench/RESULTS.md, 2026-12-07, "The bias
+    /// inside the gate's kernel").
+    fn bias_gate_forward_then(
+        gate: Gate,
+        after: After<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 2] {
+        let dims = p.shape().to_vec();
+        let out = gate.output_dims(&dims);
+        let units = out.iter().product::<usize>();
+        let cols = dims.last().copied().unwrap_or(0);
+        let own = p.can_mut() && p.is_contiguous() && b.dtype == DType::F32;
+        let cube = CubeDim::new_1d(CUBE);
+        match (gate, after) {
+            (Gate::Swish, After::Dropout(rule)) if own && cols > 0 => {
+                let b = contiguous(b);
+                let client = p.client.clone();
+                let y = empty::<R>(&client, &p.device, out);
+                let (k0, k1, threshold, scale) = rule.kernel_args();
+                bias_swish_dropout_forward::launch::<R>(
+                    &client,
+                    grid(units),
+                    cube,
+                    p.clone().into_array_arg(),
+                    b.into_array_arg(),
+                    y.clone().into_array_arg(),
+                    k0,
+                    k1,
+                    threshold,
+                    scale,
+                    cols as u32,
+                    units as u32,
+                );
+                [y, p]
+            }
+            (Gate::Glu, After::Mask(mask)) if own && cols > 0 && row_mask(&mask, &out) => {
+                let (b, mask) = (contiguous(b), contiguous(mask));
+                let client = p.client.clone();
+                let y = empty::<R>(&client, &p.device, out);
+                let (pa, ba, ma, ya) = (
+                    p.clone().into_array_arg(),
+                    b.into_array_arg(),
+                    mask.into_array_arg(),
+                    y.clone().into_array_arg(),
+                );
+                let (h, n) = ((cols / 2) as u32, units as u32);
+                bias_glu_mask_forward::launch::<R>(
+                    &client,
+                    grid(units),
+                    cube,
+                    pa,
+                    ba,
+                    ma,
+                    ya,
+                    h,
+                    n,
+                );
+                [y, p]
+            }
+            (gate, after) => {
+                let x = Self::bias_add(p, b);
+                [Self::gate_forward_then(gate, after, x.clone()), x]
+            }
         }
     }
 }

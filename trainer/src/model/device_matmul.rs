@@ -62,8 +62,9 @@ use cubek::std::InputBinding;
 
 use super::device_bias::DeviceBias;
 use super::device_dropout::DeviceDropout;
+use super::device_gates::{After, DeviceGates, Gate};
 use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
-use super::dropout::Rule;
+use super::dropout::{Dropout, Rule};
 use super::host_depthwise::{cast, float, same};
 pub use super::matmul_kernel::{chosen, Kernel};
 
@@ -235,7 +236,7 @@ fn report_stack_fallback(form: &'static str, why: &str) {
 
 /// The product with a chosen kernel, and a linear layer's bias with it: the backends that have
 /// them.
-pub trait DeviceMatmul: DeviceBias + DeviceDropout {
+pub trait DeviceMatmul: DeviceBias + DeviceDropout + DeviceGates {
     /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, written in f32,
     /// or why it could not run. The operands are f32, or both of mixed precision's half type
     /// (`device_mixed`), which the kernel multiplies as they are, accumulating in f32.
@@ -379,7 +380,10 @@ pub trait DeviceMatmul: DeviceBias + DeviceDropout {
 
     /// The gradients of [`Self::linear_residual_forward`]'s `h`, `w` and `b`, each where asked
     /// as in [`Self::linear_grads`], from the output's `dy`: the mask applied to `dy`, then the
-    /// layer's (`x`'s is `dy` itself). Under fusion one operation of its stream.
+    /// layer's (`x`'s is `dy` itself). The masked gradient and the bias's, its rows summed, are
+    /// one kernel where the backend has it ([`DeviceDropout::dropout_row_sums`]): 96 of the
+    /// step's launches at 24 layers (bench/RESULTS.md, 2026-12-07, "The masked gradient and the
+    /// bias's sum"). Under fusion one operation of its stream.
     fn linear_residual_grads(
         dy: FloatTensor<Self>,
         w: Option<FloatTensor<Self>>,
@@ -391,7 +395,64 @@ pub trait DeviceMatmul: DeviceBias + DeviceDropout {
         if w.is_none() && h.is_none() && !bias {
             return [None, None, None];
         }
+        let dy = if bias {
+            match Self::dropout_row_sums(rule, dy) {
+                Ok([g, db]) => {
+                    let [dx, dw, _] = Self::linear_grads(g, w, h, false, kernel);
+                    return [dx, dw, Some(db)];
+                }
+                Err(dy) => dy,
+            }
+        } else {
+            dy
+        };
         Self::linear_grads(Self::dropout_apply(rule, dy), w, h, bias, kernel)
+    }
+
+    /// A linear layer with its bias and a gate after it, `gate(h · w + b)` then `after`:
+    /// [`Self::linear_product`], then the bias, the gate and the mask in one kernel where the
+    /// backend has it (`device_gates`' `bias_gate_forward_then`). Returns the output and
+    /// `h · w + b`, the gate's input, which the backward keeps. Under fusion one operation of
+    /// its stream, not two ([`Fusion`]'s override).
+    fn linear_gate_forward(
+        h: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        gate: Gate,
+        after: After<Self>,
+        kernel: Kernel,
+    ) -> [FloatTensor<Self>; 2] {
+        let p = Self::linear_product(h, w, Form::Forward, kernel);
+        Self::bias_gate_forward_then(gate, after, p, b)
+    }
+
+    /// The gradients of [`Self::linear_gate_forward`]'s `h`, `w` and `b`, each where asked as in
+    /// [`Self::linear_grads`], from the output's `dy` and the gate's input `x` it kept: the gate's
+    /// backward through the mask (`gate_backward_then`), then the layer's. The gate's backward
+    /// and the bias's gradient, its rows summed, are one kernel where the backend has it
+    /// (`gate_backward_then_row_sums`). Under fusion one operation of its stream, not two.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_gate_grads(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        w: Option<FloatTensor<Self>>,
+        h: Option<FloatTensor<Self>>,
+        bias: bool,
+        gate: Gate,
+        after: After<Self>,
+        kernel: Kernel,
+    ) -> [Option<FloatTensor<Self>>; 3] {
+        if w.is_none() && h.is_none() && !bias {
+            return [None, None, None];
+        }
+        if bias {
+            if let Some([g, db]) = Self::gate_backward_then_row_sums(gate, &after, &x, &dy) {
+                let [dh, dw, _] = Self::linear_grads(g, w, h, false, kernel);
+                return [dh, dw, Some(db)];
+            }
+        }
+        let g = Self::gate_backward_then(gate, after, x, dy);
+        Self::linear_grads(g, w, h, bias, kernel)
     }
 
     /// [`Self::try_product`], else Burn's product (reporting why once per site).
@@ -716,9 +777,18 @@ where
         bias: bool,
         kernel: Kernel,
     ) -> [Option<FloatTensor<Self>>; 3] {
-        grads_in_stream::<B, _>("linear backward", dy, w, x, bias, move |dy, w, x| {
-            B::linear_grads(dy, w, x, bias, kernel)
-        })
+        let out = dy.shape.to_vec();
+        let kept = Vec::new();
+        grads_in_stream::<B, _>(
+            "linear backward",
+            &out,
+            dy,
+            kept,
+            w,
+            x,
+            bias,
+            move |dy, _, w, x| B::linear_grads(dy, w, x, bias, kernel),
+        )
     }
 
     /// The layer and the residual as one operation of fusion's stream: 96 of the 0.6B step's
@@ -748,19 +818,100 @@ where
         rule: Rule,
         kernel: Kernel,
     ) -> [Option<FloatTensor<Self>>; 3] {
-        grads_in_stream::<B, _>("linear residual backward", dy, w, h, bias, move |dy, w, h| {
+        let (out, kept) = (dy.shape.to_vec(), Vec::new());
+        let name = "linear residual backward";
+        grads_in_stream::<B, _>(name, &out, dy, kept, w, h, bias, move |dy, _, w, h| {
             B::linear_residual_grads(dy, w, h, bias, rule, kernel)
+        })
+    }
+
+    /// The layer and the gate as one operation of fusion's stream, whose inputs are the mask's
+    /// tensor too where there is one: 72 of the 0.6B step's operations were the gates after a
+    /// layer, and as many their backward (bench/RESULTS.md, 2026-12-07).
+    fn linear_gate_forward(
+        h: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        gate: Gate,
+        after: After<Self>,
+        kernel: Kernel,
+    ) -> [FloatTensor<Self>; 2] {
+        let (x, _) = Form::Forward.shapes(&h.shape, &w.shape);
+        let outputs = vec![(gate.output_dims(&x), DType::F32), (x, DType::F32)];
+        let (rule, mask) = after_parts(after);
+        let inputs = [Some(h), Some(w), Some(b), mask].into_iter().flatten().collect();
+        let op = move |inputs: Vec<FloatTensor<B>>| {
+            let mut inputs = inputs.into_iter();
+            let (Some(h), Some(w), Some(b)) = (inputs.next(), inputs.next(), inputs.next()) else {
+                unreachable!("linear gate: the layer's three inputs come first")
+            };
+            let after = inner_after::<B>(rule, inputs.next());
+            B::linear_gate_forward(h, w, b, gate, after, kernel).into()
+        };
+        let mut ys = in_stream_vec::<B, _>("linear gate", inputs, outputs, op).into_iter();
+        match (ys.next(), ys.next()) {
+            (Some(y), Some(x)) => [y, x],
+            _ => unreachable!("linear gate: two outputs were declared"),
+        }
+    }
+
+    fn linear_gate_grads(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        w: Option<FloatTensor<Self>>,
+        h: Option<FloatTensor<Self>>,
+        bias: bool,
+        gate: Gate,
+        after: After<Self>,
+        kernel: Kernel,
+    ) -> [Option<FloatTensor<Self>>; 3] {
+        let (rule, mask) = after_parts(after);
+        let out = x.shape.to_vec();
+        let kept = [Some(x), mask].into_iter().flatten().collect();
+        let name = "linear gate backward";
+        grads_in_stream::<B, _>(name, &out, dy, kept, w, h, bias, move |dy, kept, w, h| {
+            let mut kept = kept.into_iter();
+            let Some(x) = kept.next() else {
+                unreachable!("linear gate backward: the gate's input comes after the gradient")
+            };
+            let after = inner_after::<B>(rule, kept.next());
+            B::linear_gate_grads(dy, x, w, h, bias, gate, after, kernel)
         })
     }
 }
 
+/// A gate's mask under fusion as what its operation's closure keeps (a dropout's rule) and
+/// what is an input of the operation (a mask tensor).
+fn after_parts<B: FusionBackend>(
+    after: After<Fusion<B>>,
+) -> (Option<Rule>, Option<FloatTensor<Fusion<B>>>) {
+    match after {
+        After::Dropout(rule) => (Some(rule), None),
+        After::Mask(mask) => (None, Some(mask)),
+    }
+}
+
+/// [`after_parts`]' mask again, on the inner backend: the rule's, else the mask tensor.
+fn inner_after<B: FusionBackend>(rule: Option<Rule>, mask: Option<FloatTensor<B>>) -> After<B> {
+    match (rule, mask) {
+        (Some(rule), _) => After::Dropout(rule),
+        (None, Some(mask)) => After::Mask(mask),
+        (None, None) => unreachable!("a gate's mask is a rule or a tensor"),
+    }
+}
+
 /// A linear layer's gradients asked for (the input's where `w` is given, the weight's where
-/// `x` is, the bias's where `bias`) from `dy` by `run` on the inner backend, as one operation
-/// of fusion's stream whose inputs are `dy` and the operands given (a tensor that is not read
-/// is not held for it).
+/// `x` is, the bias's where `bias`) from `dy` and what the operation `kept` (the gate's input
+/// before the layer's backward, say) by `run` on the inner backend, as one operation of
+/// fusion's stream whose inputs are `dy`, the kept tensors and the operands given (a tensor
+/// that is not read is not held for it). `out` is the layer's output's shape (`dy`'s, but for
+/// a gate after the layer).
+#[allow(clippy::too_many_arguments)]
 fn grads_in_stream<B, F>(
     name: &'static str,
+    out: &[usize],
     dy: FloatTensor<Fusion<B>>,
+    kept: Vec<FloatTensor<Fusion<B>>>,
     w: Option<FloatTensor<Fusion<B>>>,
     x: Option<FloatTensor<Fusion<B>>>,
     bias: bool,
@@ -770,6 +921,7 @@ where
     B: FusionBackend,
     F: Fn(
             FloatTensor<B>,
+            Vec<FloatTensor<B>>,
             Option<FloatTensor<B>>,
             Option<FloatTensor<B>>,
         ) -> [Option<FloatTensor<B>>; 3]
@@ -780,27 +932,30 @@ where
     let asked = [w.is_some(), x.is_some(), bias];
     let mut outputs = Vec::with_capacity(3);
     if let Some(w) = &w {
-        outputs.push((Form::InputGradient.shapes(&dy.shape, &w.shape).0, DType::F32));
+        outputs.push((Form::InputGradient.shapes(out, &w.shape).0, DType::F32));
     }
     if let Some(x) = &x {
-        outputs.push((Form::WeightGradient.shapes(&x.shape, &dy.shape).0, DType::F32));
+        outputs.push((Form::WeightGradient.shapes(&x.shape, out).0, DType::F32));
     }
     if bias {
-        outputs.push((vec![dy.shape.last().copied().unwrap_or(1)], DType::F32));
+        outputs.push((vec![out.last().copied().unwrap_or(1)], DType::F32));
     }
     if outputs.is_empty() {
         return [None, None, None];
     }
-    let inputs = [Some(dy), w, x].into_iter().flatten().collect();
+    let count = kept.len();
+    let all = [Some(dy)].into_iter().chain(kept.into_iter().map(Some)).chain([w, x]);
     let op = move |inputs: Vec<FloatTensor<B>>| {
         let mut inputs = inputs.into_iter();
         let Some(dy) = inputs.next() else {
             unreachable!("linear backward: the output's gradient is the first input")
         };
+        let kept = inputs.by_ref().take(count).collect();
         let w = if asked[0] { inputs.next() } else { None };
         let x = if asked[1] { inputs.next() } else { None };
-        run(dy, w, x).into_iter().flatten().collect()
+        run(dy, kept, w, x).into_iter().flatten().collect()
     };
+    let inputs = all.flatten().collect();
     let mut grads = in_stream_vec::<B, _>(name, inputs, outputs, op).into_iter();
     asked.map(|yes| if yes { grads.next() } else { None })
 }
@@ -912,6 +1067,44 @@ impl<B: DeviceMatmul> DeviceOp<B, 4> for LinearResidual {
     fn forward(&self, [x, h, w, b]: [FloatTensor<B>; 4]) -> (FloatTensor<B>, Self::Saved) {
         let y = B::linear_residual_forward(x, h.clone(), w.clone(), b, self.rule, self.kernel);
         (y, (h, w))
+    }
+}
+
+/// A linear layer with its bias and a gate after it, `gate(h · w + b)` then its mask, as a
+/// [`DeviceOp`] of `h`, `w` and `b` keeping `h`, `w` and the gate's input: one node, and under
+/// fusion one operation each way, where the layer and the gate were two. A mask tensor is the
+/// operation's own, not a parent.
+#[derive(Debug)]
+struct LinearGate<B: Backend> {
+    kernel: Kernel,
+    gate: Gate,
+    after: After<B>,
+}
+
+impl<B: DeviceMatmul> DeviceBackward<B, 3> for LinearGate<B> {
+    type Saved = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(&self, saved: Self::Saved, dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
+        every::<B, Self, 3>(self, saved, dy)
+    }
+
+    fn backward_tracked(
+        &self,
+        (h, w, x): Self::Saved,
+        dy: FloatTensor<B>,
+        [want_h, want_w, want_b]: [bool; 3],
+    ) -> [Option<FloatTensor<B>>; 3] {
+        let (w, h) = (want_h.then_some(w), want_w.then_some(h));
+        let (gate, after) = (self.gate, self.after.clone());
+        B::linear_gate_grads(dy, x, w, h, want_b, gate, after, self.kernel)
+    }
+}
+
+impl<B: DeviceMatmul> DeviceOp<B, 3> for LinearGate<B> {
+    fn forward(&self, [h, w, b]: [FloatTensor<B>; 3]) -> (FloatTensor<B>, Self::Saved) {
+        let (gate, after) = (self.gate, self.after.clone());
+        let [y, x] = B::linear_gate_forward(h.clone(), w.clone(), b, gate, after, self.kernel);
+        (y, (h, w, x))
     }
 }
 
@@ -1088,6 +1281,67 @@ pub fn linear_residual<B: Backend, const D: usize>(
         { Err(x) }
     );
     Err(x)
+}
+
+/// What follows the gate of [`linear_gated`]: a dropout (drawn inside, where
+/// `Dropout::forward` would draw it), or a mask tensor that is not tracked, broadcast as Burn's
+/// product broadcasts (the convolution module's time mask `[B, T, 1]` after its GLU).
+pub enum GateMask<'a, B: Backend, const D: usize> {
+    /// The dropout after the gate.
+    Dropout(&'a Dropout),
+    /// The tensor the gate's output is multiplied by.
+    Mask(&'a Tensor<B, D>),
+}
+
+/// `gate(h · w + b)` then `mask`, `h` `[.., in]`, `w` `[in, out]`, `b` `[out]` (the GLU's
+/// `out` even): a linear layer in f32 with the [`chosen`] kernel and the Swish or the GLU after
+/// it, as one operation each way where the backend is one of the trainer's CubeCL types under
+/// autodiff, the tensors f32 of those shapes and a mask tensor untracked, of as many axes; the
+/// same bits as the layer then `device_gates`' gate with its mask. `None` elsewhere, with no
+/// dropout drawn, and the caller runs the layer and the gate.
+pub fn linear_gated<B: Backend, const D: usize>(
+    h: &Tensor<B, D>,
+    w: &Tensor<B, 2>,
+    b: &Tensor<B, 1>,
+    gate: Gate,
+    mask: GateMask<'_, B, D>,
+) -> Option<Tensor<B, D>> {
+    let f32s = [h.dtype(), w.dtype(), b.dtype()].iter().all(|&t| t == DType::F32);
+    let ([i, o], [bo]) = (w.dims(), b.dims());
+    let fits = D >= 2
+        && h.dims()[D - 1] == i
+        && o == bo
+        && (gate != Gate::Glu || o.is_multiple_of(2))
+        && h.shape().num_elements() / i.max(1) * o <= u32::MAX as usize;
+    let mask_fits = match &mask {
+        GateMask::Dropout(_) => gate == Gate::Swish,
+        GateMask::Mask(m) => gate == Gate::Glu && m.dtype() == DType::F32 && !m.is_require_grad(),
+    };
+    if !f32s || !fits || !mask_fits {
+        return None;
+    }
+    on_cube_types!(
+        B,
+        T,
+        {
+            let h: Tensor<Autodiff<T>, D> = cast(h.clone())?;
+            let device = h.device();
+            let h = float(h);
+            let w = float(cast::<_, Tensor<Autodiff<T>, 2>>(w.clone())?);
+            let b = float(cast::<_, Tensor<Autodiff<T>, 1>>(b.clone())?);
+            let after = match mask {
+                GateMask::Dropout(dropout) => After::Dropout(dropout.draw::<Autodiff<T>>(&device)?),
+                GateMask::Mask(m) => {
+                    After::Mask(float(cast::<_, Tensor<Autodiff<T>, D>>(m.clone())?.inner()))
+                }
+            };
+            let op = LinearGate { kernel: chosen(), gate, after };
+            let y = device_op::tracked(op, [h, w, b]);
+            cast(Tensor::<Autodiff<T>, D>::from_primitive(TensorPrimitive::Float(y)))
+        },
+        { None }
+    );
+    None
 }
 
 /// The layer with `kernel` on the CubeCL types; `None` elsewhere.
@@ -1408,6 +1662,95 @@ mod tests {
         }
         check::<W>();
         check::<Fusion<W>>();
+    }
+
+    /// A layer with its bias and the Swish with its dropout, or the GLU with a row mask, as one
+    /// operation against the layer then the gate's operation (the same dropout seed): the
+    /// output and each gradient bit for bit, with every input tracked, the layer's input
+    /// alone, and the bias alone; under autodiff and fused, over leading axes. A tracked mask,
+    /// a dropout after the GLU and an odd GLU width are left to the caller.
+    #[test]
+    fn a_layer_and_its_gate_are_the_layer_then_the_gate_bit_for_bit() {
+        use super::super::device_gates::{on_device_dropped, on_device_masked};
+        use super::super::dropout::seed_stream;
+        type A<B> = Autodiff<B>;
+        fn check<B: super::DeviceMatmul>(gate: Gate) {
+            let device = Default::default();
+            let (lead, k, n) = ([2, 19], 45, 34);
+            let uniform = Distribution::Uniform(-1.0, 1.0);
+            let h = Tensor::<B, 3>::random([lead[0], lead[1], k], uniform, &device);
+            let w = Tensor::<B, 2>::random([k, n], uniform, &device);
+            let b = Tensor::<B, 1>::random([n], uniform, &device);
+            let out = if gate == Gate::Glu { n / 2 } else { n };
+            let dy = Tensor::<B, 3>::random([lead[0], lead[1], out], uniform, &device);
+            // A row mask with some rows off (the convolution module's padded frames).
+            let rows = Tensor::<B, 3>::random([lead[0], lead[1], 1], uniform, &device);
+            let keep = rows.greater_elem(-0.5).float();
+            let dropout = Dropout::new(0.2);
+            let bits = |t: Tensor<B, 3>| t.into_data().into_vec::<f32>().unwrap();
+            let flat = |t: Tensor<B, 3>| {
+                let [a, b, c] = t.dims();
+                t.reshape([a * b, c])
+            };
+            let grad_bits =
+                |g: Option<Tensor<B, 2>>| g.map(|g| g.into_data().to_vec::<f32>().unwrap());
+            // [h, w, b] tracked as asked: the output's bits and each tracked input's gradient's.
+            let run = |one_op: bool, tracked: [bool; 3]| {
+                seed_stream(0x5eed);
+                let ha = Tensor::<A<B>, 3>::from_inner(h.clone());
+                let ha = if tracked[0] { ha.require_grad() } else { ha };
+                let wa = Tensor::<A<B>, 2>::from_inner(w.clone());
+                let wa = if tracked[1] { wa.require_grad() } else { wa };
+                let ba = Tensor::<A<B>, 1>::from_inner(b.clone());
+                let ba = if tracked[2] { ba.require_grad() } else { ba };
+                let keep = Tensor::<A<B>, 3>::from_inner(keep.clone());
+                let y = if one_op {
+                    let mask = match gate {
+                        Gate::Glu => GateMask::Mask(&keep),
+                        _ => GateMask::Dropout(&dropout),
+                    };
+                    linear_gated(&ha, &wa, &ba, gate, mask).expect("a CubeCL type")
+                } else {
+                    let f = on_device(&ha, &wa, Some(&ba), chosen()).expect("a CubeCL type");
+                    match gate {
+                        Gate::Glu => on_device_masked(gate, &f, &keep),
+                        _ => on_device_dropped(gate, &f, &dropout),
+                    }
+                    .expect("f32 on a CubeCL type")
+                };
+                let grads = (y.clone() * Tensor::from_inner(dy.clone())).sum().backward();
+                let dh = ha.grad(&grads).map(flat);
+                let db = ba.grad(&grads).map(|g| g.reshape([1, n]));
+                let dw = wa.grad(&grads);
+                (bits(y.inner()), [dh, dw, db].map(grad_bits))
+            };
+            for tracked in [[true; 3], [true, false, false], [false, false, true]] {
+                let (y, grads) = run(true, tracked);
+                let (y0, grads0) = run(false, tracked);
+                assert!(y.contains(&0.0), "{gate:?}: the mask drops elements");
+                assert_eq!(y, y0, "{gate:?}: the output, {tracked:?}");
+                for (i, (g, g0)) in grads.iter().zip(&grads0).enumerate() {
+                    assert_eq!(g.is_some(), tracked[i], "{gate:?}: gradient {i}, {tracked:?}");
+                    assert_eq!(g, g0, "{gate:?}: gradient {i}, {tracked:?}");
+                }
+            }
+            let ha = Tensor::<A<B>, 3>::from_inner(h.clone());
+            let (wa, ba) = (Tensor::from_inner(w.clone()), Tensor::from_inner(b.clone()));
+            let plain = Tensor::<A<B>, 3>::from_inner(keep);
+            let tracked = plain.clone().require_grad();
+            let tracked_mask = linear_gated(&ha, &wa, &ba, Gate::Glu, GateMask::Mask(&tracked));
+            assert!(tracked_mask.is_none(), "a tracked mask");
+            let glu_dropped = linear_gated(&ha, &wa, &ba, Gate::Glu, GateMask::Dropout(&dropout));
+            assert!(glu_dropped.is_none(), "a dropout after the GLU");
+            let odd = Tensor::<A<B>, 2>::from_inner(w.slice([0..k, 0..n - 1]));
+            let odd_b = Tensor::<A<B>, 1>::from_inner(b.slice(0..n - 1));
+            let mask = GateMask::Mask(&plain);
+            assert!(linear_gated(&ha, &odd, &odd_b, Gate::Glu, mask).is_none(), "odd width");
+        }
+        for gate in [Gate::Swish, Gate::Glu] {
+            check::<W>(gate);
+            check::<Fusion<W>>(gate);
+        }
     }
 
     /// Mixed precision's operands (f16 here: lavapipe has no bfloat16), plain and transposed,

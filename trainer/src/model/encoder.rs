@@ -133,6 +133,47 @@ fn swish_dropped<B: Backend, const D: usize>(x: Tensor<B, D>, dropout: &Dropout)
     dropout.forward(swish(x))
 }
 
+/// `dropout` of [`swish`] of `layer` of `x`: in training in f32 one operation each way on the
+/// CubeCL backends (`device_matmul::linear_gated`: the product, then the bias, the Swish and the
+/// dropout in one kernel), where the layer and the gate were two; the layer then
+/// [`swish_dropped`] elsewhere.
+fn linear_swish_dropped<B: Backend, const D: usize>(
+    p: Precision,
+    layer: &Linear<B>,
+    x: Tensor<B, D>,
+    dropout: &Dropout,
+) -> Tensor<B, D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let (Some(b), None) = (&layer.bias, p.compute()) {
+        use super::device_matmul::{linear_gated, GateMask};
+        let (w, b, gate) = (layer.weight.val(), b.val(), super::device_gates::Gate::Swish);
+        if let Some(y) = linear_gated(&x, &w, &b, gate, GateMask::Dropout(dropout)) {
+            return y;
+        }
+    }
+    swish_dropped(p.linear(layer, x), dropout)
+}
+
+/// [`gated_masked`] of `layer` of `x`: in f32 under autodiff one operation each way on the
+/// CubeCL backends (`device_matmul::linear_gated`, as [`linear_swish_dropped`]); the layer then
+/// [`gated_masked`] elsewhere.
+fn linear_gated_masked<B: Backend, const D: usize>(
+    p: Precision,
+    layer: &Linear<B>,
+    x: Tensor<B, D>,
+    keep: Tensor<B, D>,
+) -> Tensor<B, D> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if let (Some(b), None) = (&layer.bias, p.compute()) {
+        use super::device_matmul::{linear_gated, GateMask};
+        let (w, b, gate) = (layer.weight.val(), b.val(), super::device_gates::Gate::Glu);
+        if let Some(y) = linear_gated(&x, &w, &b, gate, GateMask::Mask(&keep)) {
+            return y;
+        }
+    }
+    gated_masked(p.linear(layer, x), keep)
+}
+
 /// The gated linear unit over the last axis: one operation on the CubeCL backends
 /// (`device_gates`), Burn's `glu` elsewhere.
 fn gated<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
@@ -416,7 +457,7 @@ impl<B: Backend> FeedForward<B> {
 
     /// The hidden layer, `down`'s input: the caller runs `down` with the residual after it.
     fn hidden(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        swish_dropped(p.linear(&self.up, x), &self.dropout)
+        linear_swish_dropped(p, &self.up, x, &self.dropout)
     }
 }
 
@@ -443,7 +484,7 @@ impl<B: Backend> ConvModule<B> {
     /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames): everything but `pointwise2`,
     /// which the caller runs with the residual after it.
     fn hidden(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        let x = gated_masked(p.linear(&self.pointwise1, x), keep);
+        let x = linear_gated_masked(p, &self.pointwise1, x, keep);
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
         let x = batch_norm(&self.norm, x);
