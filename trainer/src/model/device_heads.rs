@@ -13,7 +13,7 @@
 //! operands, and adds the biases, the projection's included, in the same pass; each backward is
 //! one kernel (the inverse permutation), plus, with biases, one sum of that gradient's rows,
 //! which is every bias's gradient: one operation of fusion's stream with both outputs
-//! ([`DeviceHeads::heads_grads`]). Each bias keeps its own shape, both ways: a projection's
+//! ([`DeviceHeads::heads_grads`]), and up to 4,096 rows one kernel ([`swap_middle_sums`]). Each bias keeps its own shape, both ways: a projection's
 //! bias reshaped to `[H, dk]` was an operation of fusion's stream forward and one backward, 96
 //! a step at the 0.6B preset's 24 layers, beside their drops (bench/RESULTS.md, 2026-12-01,
 //! "The old parameters released"). Only where the two biases' shapes differ (the queries') is
@@ -42,9 +42,10 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_fusion::{Fusion, FusionBackend};
 
 use super::device_op::{
-    self, contiguous, empty, grid, on_cube_types, unit_index, DeviceBackward, DeviceOp, CUBE,
+    self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
+    DeviceOp, CUBE,
 };
-use super::device_sum::DeviceSum;
+use super::device_sum::{in_lanes, lanes_sum, DeviceSum, LANE_COLS};
 use super::encoder::HeadBias;
 use super::host_depthwise::{float, same};
 
@@ -77,6 +78,46 @@ pub fn swap_middle(
             v += b2[(qi * r + ri) as usize];
         }
         y[pos as usize] = v;
+    }
+}
+
+/// One cube per block of [`LANE_COLS`] columns of `y` `[A * Q, P * R]` (rows `(a, q)`, columns
+/// `(p, r)`) from `x` `[A, P, Q, R]`: each unit writes its column of [`swap_middle`]'s output
+/// (without biases) on every `lanes`-th row and sums what it wrote; the cube adds its lanes
+/// ([`lanes_sum`]) and writes `sums[column]`, the biases' gradient. The swap back and the sum of
+/// its rows (`device_sum`'s `sum_lanes`) in one launch, with their bits. Every unit reaches every
+/// barrier.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn swap_middle_sums(
+    x: &Array<f32>,
+    y: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    p: u32,
+    q: u32,
+    r: u32,
+    rows: u32,
+    blocks: u32,
+) {
+    let cube = cube_index();
+    let lane = UNIT_POS / LANE_COLS;
+    let c = cube * LANE_COLS + UNIT_POS % LANE_COLS;
+    let cols = p * r;
+    let inside = cube < blocks && c < cols;
+    let (pi, ri) = (c / r, c % r);
+    let mut acc = 0.0f32;
+    if inside {
+        for row in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
+            let (a, qi) = (row / q, row % q);
+            let v = x[(((a * p + pi) * q + qi) * r + ri) as usize];
+            y[(row * cols + c) as usize] = v;
+            acc += v;
+        }
+    }
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let sum = lanes_sum(&mut shared, acc);
+    if inside && lane == 0 {
+        sums[c as usize] = sum;
     }
 }
 
@@ -145,6 +186,43 @@ where
             count,
         );
         y
+    }
+
+    /// The swap back and the bias's sum in one kernel up to 4,096 rows (`B x T`): 96 of the
+    /// step's launches at 24 layers (bench/RESULTS.md, 2026-12-07, "The heads' swap back and
+    /// their biases' sum").
+    fn heads_grads(
+        dy: FloatTensor<Self>,
+        view: [usize; 4],
+        dims: Vec<usize>,
+        bias: Vec<usize>,
+    ) -> [FloatTensor<Self>; 2] {
+        let [a, p, q, r] = view;
+        let (rows, cols) = (a * q, p * r);
+        if rows == 0 || cols == 0 || !in_lanes(rows) {
+            let dx = Self::heads_swap(dy, Vec::new(), view, dims);
+            let db = Self::sum_rows(dx.clone(), bias);
+            return [dx, db];
+        }
+        let dy = contiguous(dy);
+        let client = dy.client.clone();
+        let dx = empty::<R>(&client, &dy.device, dims);
+        let db = empty::<R>(&client, &dy.device, bias);
+        let blocks = cols.div_ceil(LANE_COLS as usize);
+        swap_middle_sums::launch::<R>(
+            &client,
+            cubes(blocks),
+            CubeDim::new_1d(CUBE),
+            dy.into_array_arg(),
+            dx.clone().into_array_arg(),
+            db.clone().into_array_arg(),
+            p as u32,
+            q as u32,
+            r as u32,
+            rows as u32,
+            blocks as u32,
+        );
+        [dx, db]
     }
 }
 
@@ -488,6 +566,34 @@ mod tests {
             relative_difference(du, du0),
             relative_difference(de, de0),
         ]
+    }
+
+    /// The swap back and the biases' sum in one kernel give the bits of the swap then
+    /// `device_sum`'s sum of its rows, for a bias of either shape, at blocks of columns across
+    /// heads, at the most rows one launch takes, and beyond (the two kernels).
+    #[test]
+    fn the_swap_back_with_the_bias_sum_is_the_swap_then_the_sum_bit_for_bit() {
+        type W = burn::backend::Wgpu;
+        let device = Default::default();
+        for (b, t, heads, dk) in [(3, 29, 4, 6), (2, 2048, 2, 5), (1, 4097, 3, 4)] {
+            let dy =
+                Tensor::<W, 4>::random([b, heads, t, dk], Distribution::Normal(0.0, 1.0), &device);
+            let (view, dims) = ([b, heads, t, dk], vec![b, t, heads * dk]);
+            for bias in [vec![heads * dk], vec![heads, dk]] {
+                let prim = || dy.clone().into_primitive().tensor();
+                let [dx, db] = W::heads_grads(prim(), view, dims.clone(), bias.clone());
+                let dx0 = W::heads_swap(prim(), Vec::new(), view, dims.clone());
+                let db0 = W::sum_rows(dx0.clone(), bias.clone());
+                let values = |t: FloatTensor<W>| {
+                    let t = Tensor::<W, 1>::from_primitive(TensorPrimitive::Float(t));
+                    t.into_data().into_vec::<f32>().unwrap()
+                };
+                assert_eq!(db.shape().to_vec(), bias, "the bias's shape");
+                let what = format!("[{b}, {heads}, {t}, {dk}], bias {bias:?}");
+                assert_eq!(values(dx), values(dx0), "{what}: the swap");
+                assert_eq!(values(db), values(db0), "{what}: the sums");
+            }
+        }
     }
 
     #[test]
