@@ -36,7 +36,7 @@ use super::device_op::{
     self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
     DeviceOp, CUBE,
 };
-use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
+use super::device_sum::{in_lanes, lanes_sum_to, LANE_COLS};
 use super::host_depthwise::{cast, float};
 
 /// Rows (frames of all utterances) per partial sum of the weight's and bias's gradients.
@@ -107,6 +107,35 @@ pub fn depthwise_backward_input(
     }
 }
 
+/// Row `row`'s term of parameter `j`'s gradient at channel `c`: `dy` for the bias (`j = K`),
+/// else `dy` times the input `j - K/2` frames away, zero where that frame is outside the
+/// utterance (the tap form's padding).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn param_term(
+    x: &Array<f32>,
+    dy: &Array<f32>,
+    row: u32,
+    frames: u32,
+    channels: u32,
+    c: u32,
+    j: u32,
+    taps: u32,
+) -> f32 {
+    let g = dy[(row * channels + c) as usize];
+    let mut term = g;
+    if j != taps {
+        term = 0.0f32;
+        let half = taps / 2;
+        let t = row % frames;
+        let s = t + j;
+        if s >= half && s < frames + half {
+            term = g * x[((row - t + s - half) * channels + c) as usize];
+        }
+    }
+    term
+}
+
 /// One unit per `(tap or bias, block, channel)`: the weight's gradient of tap `j < K` (`dy`
 /// times the input `j - K/2` frames away) or, at `j = K`, the bias's (`dy`), summed over the
 /// block's rows, to `parts[j, block, channel]` of `[K + 1, blocks, C]`.
@@ -128,21 +157,11 @@ pub fn depthwise_backward_params(
         let c = pos % channels;
         let block = (pos / channels) % blocks;
         let j = pos / (channels * blocks);
-        let half = taps / 2;
         let begin = block * block_rows;
         let end = u32::min(begin + block_rows, rows);
         let mut acc = 0.0f32;
         for row in begin..end {
-            let g = dy[(row * channels + c) as usize];
-            if j == taps {
-                acc += g;
-            } else {
-                let t = row % frames;
-                let s = t + j;
-                if s >= half && s < frames + half {
-                    acc += g * x[((row - t + s - half) * channels + c) as usize];
-                }
-            }
+            acc += param_term(x, dy, row, frames, channels, c, j, taps);
         }
         parts[pos as usize] = acc;
     }
@@ -169,27 +188,13 @@ pub fn depthwise_params_lanes(
     let c = (cube % blocks) * LANE_COLS + UNIT_POS % LANE_COLS;
     let lane = UNIT_POS / LANE_COLS;
     let inside = j <= taps && c < channels;
-    let half = taps / 2;
     let mut acc = 0.0f32;
     if inside {
         for row in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
-            let g = dy[(row * channels + c) as usize];
-            if j == taps {
-                acc += g;
-            } else {
-                let t = row % frames;
-                let s = t + j;
-                if s >= half && s < frames + half {
-                    acc += g * x[((row - t + s - half) * channels + c) as usize];
-                }
-            }
+            acc += param_term(x, dy, row, frames, channels, c, j, taps);
         }
     }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let sum = lanes_sum(&mut shared, acc);
-    if inside && lane == 0 {
-        sums[(j * channels + c) as usize] = sum;
-    }
+    lanes_sum_to(sums, j * channels + c, inside, acc);
 }
 
 /// What the forward keeps for the backward: the input and the weight.

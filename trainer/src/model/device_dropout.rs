@@ -40,7 +40,7 @@ use super::device_op::{
     self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
     DeviceOp, CUBE,
 };
-use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
+use super::device_sum::{in_lanes, lanes_sum_to, LANE_COLS};
 #[cfg(doc)]
 use super::dropout;
 use super::dropout::Rule;
@@ -165,11 +165,7 @@ pub fn dropout_sum_lanes(
             acc += v;
         }
     }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let sum = lanes_sum(&mut shared, acc);
-    if inside && lane == 0 {
-        sums[i as usize] = sum;
-    }
+    lanes_sum_to(sums, i, inside, acc);
 }
 
 /// The operations (see the module): the backends that have them.

@@ -59,7 +59,7 @@ use super::device_op::{
     self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
     DeviceOp, CUBE,
 };
-use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
+use super::device_sum::{in_lanes, lanes_sum_to, LANE_COLS};
 use super::dropout::{Dropout, Rule};
 use super::host_depthwise::{cast, float};
 
@@ -312,11 +312,7 @@ pub fn swish_dropout_backward_sums(
             acc += v;
         }
     }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let sum = lanes_sum(&mut shared, acc);
-    if inside && lane == 0 {
-        sums[i as usize] = sum;
-    }
+    lanes_sum_to(sums, i, inside, acc);
 }
 
 /// As [`swish_dropout_backward_sums`], for the GLU over `x` `[n, 2 * half]` with a mask of
@@ -358,11 +354,7 @@ pub fn glu_mask_backward_sums(
             acc += v;
         }
     }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let sum = lanes_sum(&mut shared, acc);
-    if inside && lane == 0 {
-        sums[i as usize] = sum;
-    }
+    lanes_sum_to(sums, i, inside, acc);
 }
 
 /// One unit per element: `y = max(x, 0)`.

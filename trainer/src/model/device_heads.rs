@@ -45,7 +45,7 @@ use super::device_op::{
     self, contiguous, cube_index, cubes, empty, grid, on_cube_types, unit_index, DeviceBackward,
     DeviceOp, CUBE,
 };
-use super::device_sum::{in_lanes, lanes_sum, DeviceSum, LANE_COLS};
+use super::device_sum::{in_lanes, lanes_sum_to, DeviceSum, LANE_COLS};
 use super::encoder::HeadBias;
 use super::host_depthwise::{float, same};
 
@@ -114,11 +114,7 @@ pub fn swap_middle_sums(
             acc += v;
         }
     }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let sum = lanes_sum(&mut shared, acc);
-    if inside && lane == 0 {
-        sums[c as usize] = sum;
-    }
+    lanes_sum_to(sums, c, inside, acc);
 }
 
 /// The operation (see the module): the backends that have it.

@@ -113,6 +113,17 @@ pub fn lanes_sum(shared: &mut SharedMemory<f32>, value: f32) -> f32 {
     out
 }
 
+/// [`lanes_sum`] of each unit's `value`, written by lane 0 to `out[at]` where `inside` (its
+/// column exists): how every lanes kernel ends. Every unit of the cube must call it.
+#[cube]
+pub fn lanes_sum_to(out: &mut Array<f32>, at: u32, inside: bool, value: f32) {
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let sum = lanes_sum(&mut shared, value);
+    if inside && UNIT_POS / LANE_COLS == 0 {
+        out[at as usize] = sum;
+    }
+}
+
 /// One cube per `(o, block of LANE_COLS columns)`: each unit sums every `lanes`-th row of its
 /// column (squared when `square`), then the cube adds its lanes by a tree in shared memory,
 /// always in the same order, and writes `out[o, i]`. Every unit reaches every barrier (the
@@ -147,11 +158,7 @@ pub fn sum_lanes(
             }
         }
     }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let sum = lanes_sum(&mut shared, acc);
-    if inside && lane == 0 {
-        out[(o * inner + i) as usize] = sum;
-    }
+    lanes_sum_to(out, o * inner + i, inside, acc);
 }
 
 /// The chunk length and count for one pass over an axis of `n` with `width` (outer times inner)
