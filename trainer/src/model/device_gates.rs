@@ -452,9 +452,20 @@ pub trait DeviceGates: DeviceBias + DeviceDropout {
         p: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 2] {
-        let x = Self::bias_add(p, b);
-        [Self::gate_forward_then(gate, after, x.clone()), x]
+        bias_then_gate::<Self>(gate, after, p, b)
     }
+}
+
+/// The bias's kernel, then the gate's with its mask: [`DeviceGates::bias_gate_forward_then`]
+/// where there is no one kernel for the pair.
+fn bias_then_gate<B: DeviceGates>(
+    gate: Gate,
+    after: After<B>,
+    p: FloatTensor<B>,
+    b: FloatTensor<B>,
+) -> [FloatTensor<B>; 2] {
+    let x = B::bias_add(p, b);
+    [B::gate_forward_then(gate, after, x.clone()), x]
 }
 
 /// What a gate's output goes through inside the gate's operation: a dropout's mask (the
@@ -691,7 +702,16 @@ where
         let dims = x.shape().to_vec();
         let cols = dims.last().copied().unwrap_or(0);
         let rows = dims.iter().rev().skip(1).product::<usize>();
-        if cols == 0 || rows == 0 || !in_lanes(rows) {
+        // The pair is checked before the operands are made contiguous (a copy where they are
+        // not), which a pair without the kernel would not use.
+        let pair = match (gate, after) {
+            (Gate::Swish, After::Dropout(_)) => true,
+            (Gate::Glu, After::Mask(mask)) => {
+                cols.is_multiple_of(2) && row_mask(mask, &Gate::Glu.output_dims(&dims))
+            }
+            _ => false,
+        };
+        if !pair || cols == 0 || rows == 0 || !in_lanes(rows) {
             return None;
         }
         let (x, dy) = (contiguous(x.clone()), contiguous(dy.clone()));
@@ -721,9 +741,7 @@ where
                 );
                 Some([dx, sums])
             }
-            (Gate::Glu, After::Mask(mask))
-                if row_mask(mask, &Gate::Glu.output_dims(&dims)) && cols.is_multiple_of(2) =>
-            {
+            (Gate::Glu, After::Mask(mask)) => {
                 let mask = contiguous(mask.clone());
                 let dx = empty::<R>(&client, &x.device, dims);
                 let sums = empty::<R>(&client, &x.device, vec![cols]);
@@ -808,10 +826,7 @@ where
                 );
                 [y, p]
             }
-            (gate, after) => {
-                let x = Self::bias_add(p, b);
-                [Self::gate_forward_then(gate, after, x.clone()), x]
-            }
+            (gate, after) => bias_then_gate::<Self>(gate, after, p, b),
         }
     }
 }

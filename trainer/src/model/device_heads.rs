@@ -137,10 +137,20 @@ pub trait DeviceHeads: DeviceSum {
         dims: Vec<usize>,
         bias: Vec<usize>,
     ) -> [FloatTensor<Self>; 2] {
-        let dx = Self::heads_swap(dy, Vec::new(), view, dims);
-        let db = Self::sum_rows(dx.clone(), bias);
-        [dx, db]
+        swap_then_sum::<Self>(dy, view, dims, bias)
     }
+}
+
+/// The swap back, then the sum of its rows: [`DeviceHeads::heads_grads`] in two kernels.
+fn swap_then_sum<B: DeviceHeads>(
+    dy: FloatTensor<B>,
+    view: [usize; 4],
+    dims: Vec<usize>,
+    bias: Vec<usize>,
+) -> [FloatTensor<B>; 2] {
+    let dx = B::heads_swap(dy, Vec::new(), view, dims);
+    let db = B::sum_rows(dx.clone(), bias);
+    [dx, db]
 }
 
 impl<R, F, I, BT> DeviceHeads for CubeBackend<R, F, I, BT>
@@ -196,9 +206,7 @@ where
         let [a, p, q, r] = view;
         let (rows, cols) = (a * q, p * r);
         if rows == 0 || cols == 0 || !in_lanes(rows) {
-            let dx = Self::heads_swap(dy, Vec::new(), view, dims);
-            let db = Self::sum_rows(dx.clone(), bias);
-            return [dx, db];
+            return swap_then_sum::<Self>(dy, view, dims, bias);
         }
         let dy = contiguous(dy);
         let client = dy.client.clone();
