@@ -9,13 +9,21 @@
 //! for each channel's statistics and its running statistics' update and one for the output,
 //! and the backward two, one for the scale's and shift's gradients and one for the input's.
 //!
+//! The convolution module's Swish after the normalisation runs inside these kernels
+//! ([`Activation::Swish`]): the output kernel applies it, and the backward's two kernels take
+//! its gradient from the Swish's input recomputed from `x` (the same expression as the forward,
+//! so the same bits). That is one launch fewer each way than the Swish's own operation (48 of a
+//! step's 2,789 at `bench/ab_env.sh`'s preset), and the Swish's input is not kept for the
+//! backward (one `[B, T, d]` tensor a layer).
+//!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`) under
 //! autodiff (training) with f32 tensors; `None` elsewhere, and the caller runs Burn's
 //! `BatchNorm` (evaluation reads the running statistics, a few element-wise operations). Under
 //! fusion the operation runs through `asr_tdt::fusion::in_stream` (queued in fusion's stream
 //! by default).
 //!
-//! Invariants: Burn's training semantics, as `host_batch_norm`. The batch's mean and biased
+//! Invariants: Burn's training semantics, as `host_batch_norm`, then with [`Activation::Swish`]
+//! `y * sigmoid(y)` with the bits of `device_gates`' Swish. The batch's mean and biased
 //! variance per channel (over every row of every utterance) normalise; the running statistics
 //! become `(1 - momentum) * running + momentum * batch`, without gradient; the gradient flows
 //! through the batch statistics. The mean and the variance are two passes over the rows (the
@@ -38,6 +46,7 @@ use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, CUBE,
 };
+use super::device_gates::{swish, swish_slope};
 use super::host_depthwise::{cast, float};
 use super::running_stats;
 
@@ -83,8 +92,59 @@ pub fn batch_norm_stats(
     }
 }
 
-/// One unit per element of `x` `[rows, channels]`: `y = (x - mean) * rstd * gamma + beta`.
+/// What follows the normalisation inside its operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// Nothing: the operation's output is the normalised tensor. The encoder runs its only
+    /// batch normalisation with its Swish; the tests check this form against the float64 host
+    /// form, apart from the Swish.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Identity,
+    /// Swish, `y * sigmoid(y)` (the convolution module's).
+    Swish,
+}
+
+/// Element `at` (of channel `c`) normalised, `(x - mean) * rstd * gamma + beta`: the forward's
+/// output, and with a Swish after it the Swish's input, which the backward recomputes with this
+/// same expression (so with the forward's bits).
+#[cube]
+fn normalised(
+    x: &Array<f32>,
+    gamma: &Array<f32>,
+    beta: &Array<f32>,
+    stats: &Array<f32>,
+    at: usize,
+    c: usize,
+) -> f32 {
+    (x[at] - stats[2 * c]) * stats[2 * c + 1] * gamma[c] + beta[c]
+}
+
+/// The gradient of the normalisation's output at `at` (channel `c`) from the operation's `dy`:
+/// `dy` itself, or with a Swish after it `dy` times the Swish's slope at its input
+/// (`device_gates`' Swish backward, the same bits).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn normalised_grad(
+    x: &Array<f32>,
+    gamma: &Array<f32>,
+    beta: &Array<f32>,
+    stats: &Array<f32>,
+    dy: &Array<f32>,
+    at: usize,
+    c: usize,
+    #[comptime] with_swish: bool,
+) -> f32 {
+    let mut g = dy[at];
+    if with_swish {
+        g = dy[at] * swish_slope(normalised(x, gamma, beta, stats, at, c));
+    }
+    g
+}
+
+/// One unit per element of `x` `[rows, channels]`: `y = (x - mean) * rstd * gamma + beta`, then
+/// with `with_swish` `y * sigmoid(y)`.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn batch_norm_forward(
     x: &Array<f32>,
     gamma: &Array<f32>,
@@ -93,25 +153,36 @@ pub fn batch_norm_forward(
     y: &mut Array<f32>,
     channels: u32,
     units: u32,
+    #[comptime] with_swish: bool,
 ) {
     let pos = unit_index();
     if pos < units {
         let c = (pos % channels) as usize;
         let at = pos as usize;
-        y[at] = (x[at] - stats[2 * c]) * stats[2 * c + 1] * gamma[c] + beta[c];
+        let v = normalised(x, gamma, beta, stats, at, c);
+        if with_swish {
+            y[at] = swish(v);
+        } else {
+            y[at] = v;
+        }
     }
 }
 
-/// One cube per channel: the scale's gradient `sum dy * xhat` to `params[c]` and the shift's
-/// `sum dy` to `params[channels + c]`, `params` being `[2, channels]`.
+/// One cube per channel: the scale's gradient `sum g * xhat` to `params[c]` and the shift's
+/// `sum g` to `params[channels + c]`, `params` being `[2, channels]` and `g` the normalised
+/// output's gradient ([`normalised_grad`]: `dy`, or through the Swish with `with_swish`).
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn batch_norm_backward_params(
     x: &Array<f32>,
+    gamma: &Array<f32>,
+    beta: &Array<f32>,
     stats: &Array<f32>,
     dy: &Array<f32>,
     params: &mut Array<f32>,
     rows: u32,
     channels: u32,
+    #[comptime] with_swish: bool,
 ) {
     let c = cube_index();
     let mut shared = SharedMemory::<f32>::new(CUBE as usize);
@@ -122,8 +193,9 @@ pub fn batch_norm_backward_params(
         let mut part_g = 0.0f32;
         for r in range_stepped(UNIT_POS, rows, CUBE_DIM) {
             let at = (r * channels + c) as usize;
-            part_gx += dy[at] * (x[at] - mean) * rstd;
-            part_g += dy[at];
+            let g = normalised_grad(x, gamma, beta, stats, dy, at, c as usize, with_swish);
+            part_gx += g * (x[at] - mean) * rstd;
+            part_g += g;
         }
         let d_gamma = cube_sum(&mut shared, part_gx);
         let d_beta = cube_sum(&mut shared, part_g);
@@ -135,12 +207,14 @@ pub fn batch_norm_backward_params(
 }
 
 /// One unit per element: the input's gradient,
-/// `gamma * rstd * (dy - (d_beta + xhat * d_gamma) / rows)`.
+/// `gamma * rstd * (g - (d_beta + xhat * d_gamma) / rows)`, `g` as in
+/// [`batch_norm_backward_params`].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm_backward_input(
     x: &Array<f32>,
     gamma: &Array<f32>,
+    beta: &Array<f32>,
     stats: &Array<f32>,
     params: &Array<f32>,
     dy: &Array<f32>,
@@ -148,6 +222,7 @@ pub fn batch_norm_backward_input(
     rows: u32,
     channels: u32,
     units: u32,
+    #[comptime] with_swish: bool,
 ) {
     let pos = unit_index();
     if pos < units {
@@ -158,18 +233,22 @@ pub fn batch_norm_backward_input(
         let xhat = (x[at] - stats[2 * ci]) * rstd;
         let d_gamma = params[ci];
         let d_beta = params[(channels + c) as usize];
-        dx[at] = gamma[ci] * rstd * (dy[at] - (d_beta + xhat * d_gamma) / f32::cast_from(rows));
+        let g = normalised_grad(x, gamma, beta, stats, dy, at, ci, with_swish);
+        dx[at] = gamma[ci] * rstd * (g - (d_beta + xhat * d_gamma) / f32::cast_from(rows));
     }
 }
 
-/// What the forward keeps for the backward: the input, the scale, and each channel's mean and
-/// reciprocal deviation `[channels, 2]`; under autodiff also the running mean and variance the
+/// What the forward keeps for the backward: the input, the scale, the shift (read only with a
+/// Swish, whose input the backward recomputes), each channel's mean and reciprocal deviation
+/// `[channels, 2]`, and the activation; under autodiff also the running mean and variance the
 /// forward replaced (`retired`).
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
     stats: FloatTensor<B>,
+    activation: Activation,
     /// The old running statistics' last handles. Fusion records a drop operation for a tensor
     /// whose last handle is dropped outside an operation (48 a step of the 0.6B preset); these
     /// end as inputs of the backward's operation, which does not read them.
@@ -188,7 +267,8 @@ pub struct Forward<B: Backend> {
 /// The batch normalisation as one operation (see the module): the backends that have it.
 pub trait DeviceBatchNorm: Backend {
     /// `x` `[..., C]` normalised over all but its last axis, scaled by `gamma` and shifted by
-    /// `beta`, with the running statistics blended by `momentum` (see the module).
+    /// `beta`, then `activation`, with the running statistics blended by `momentum` (see the
+    /// module).
     fn batch_norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -196,6 +276,7 @@ pub trait DeviceBatchNorm: Backend {
         running: [FloatTensor<Self>; 2],
         eps: f64,
         momentum: f64,
+        activation: Activation,
     ) -> Forward<Self>;
 
     /// The gradients of `x`, `gamma` and `beta` from the output's gradient `dy`.
@@ -216,6 +297,7 @@ where
         [running_mean, running_var]: [FloatTensor<Self>; 2],
         eps: f64,
         momentum: f64,
+        activation: Activation,
     ) -> Forward<Self> {
         let dims = x.shape().to_vec();
         let channels = dims.last().copied().unwrap_or(1);
@@ -252,15 +334,16 @@ where
             CubeDim::new_1d(CUBE),
             x.clone().into_array_arg(),
             gamma.clone().into_array_arg(),
-            beta.into_array_arg(),
+            beta.clone().into_array_arg(),
             stats.clone().into_array_arg(),
             y.clone().into_array_arg(),
             channels as u32,
             units as u32,
+            activation == Activation::Swish,
         );
         Forward {
             y,
-            saved: Saved { x, gamma, stats, retired: None },
+            saved: Saved { x, gamma, beta, stats, activation, retired: None },
             running_mean: new_mean,
             running_var: new_var,
         }
@@ -269,11 +352,13 @@ where
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
         // The retired running statistics, where there are any, are dropped here: without fusion
         // a drop costs nothing.
-        let Saved { x, gamma, stats, retired: _ } = saved;
+        let Saved { x, gamma, beta, stats, activation, retired: _ } = saved;
+        let swish = activation == Activation::Swish;
         // Under fusion the saved tensors are the operation's own inputs again: on
         // CUDA a tensor Burn made may have pitched rows (a row of 96 f32 in 128), and
         // the kernels index densely. A dense tensor passes through without a copy.
         let (x, gamma, stats) = (contiguous(x), contiguous(gamma), contiguous(stats));
+        let beta = contiguous(beta);
         let dims = x.shape().to_vec();
         let channels = dims.last().copied().unwrap_or(1);
         let units = dims.iter().product::<usize>();
@@ -287,11 +372,14 @@ where
             cubes(channels),
             CubeDim::new_1d(CUBE),
             x.clone().into_array_arg(),
+            gamma.clone().into_array_arg(),
+            beta.clone().into_array_arg(),
             stats.clone().into_array_arg(),
             dy.clone().into_array_arg(),
             params.clone().into_array_arg(),
             rows as u32,
             channels as u32,
+            swish,
         );
         let dx = empty::<R>(&client, &device, dims);
         batch_norm_backward_input::launch::<R>(
@@ -300,6 +388,7 @@ where
             CubeDim::new_1d(CUBE),
             x.into_array_arg(),
             gamma.into_array_arg(),
+            beta.into_array_arg(),
             stats.into_array_arg(),
             params.clone().into_array_arg(),
             dy.into_array_arg(),
@@ -307,6 +396,7 @@ where
             rows as u32,
             channels as u32,
             units as u32,
+            swish,
         );
         // The two rows of `params` as views (no launch).
         let params = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(params));
@@ -326,6 +416,7 @@ where
         running: [FloatTensor<Self>; 2],
         eps: f64,
         momentum: f64,
+        activation: Activation,
     ) -> Forward<Self> {
         let dims = x.shape.to_vec();
         let channels = dims.last().copied().unwrap_or(1);
@@ -338,37 +429,40 @@ where
         let [mean, var] = running;
         let [y, stats, running_mean, running_var] = in_stream::<B, _, 5, 4>(
             "batch_norm_forward",
-            [x.clone(), gamma.clone(), beta, mean, var],
+            [x.clone(), gamma.clone(), beta.clone(), mean, var],
             outs,
             move |[x, gamma, beta, mean, var]| {
-                let f = B::batch_norm_forward(x, gamma, beta, [mean, var], eps, momentum);
+                let f =
+                    B::batch_norm_forward(x, gamma, beta, [mean, var], eps, momentum, activation);
                 [f.y, f.saved.stats, f.running_mean, f.running_var]
             },
         );
-        Forward { y, saved: Saved { x, gamma, stats, retired: None }, running_mean, running_var }
+        let saved = Saved { x, gamma, beta, stats, activation, retired: None };
+        Forward { y, saved, running_mean, running_var }
     }
 
     fn batch_norm_backward(saved: Saved<Self>, dy: FloatTensor<Self>) -> [FloatTensor<Self>; 3] {
         let dims = saved.x.shape.to_vec();
         let channels = dims.last().copied().unwrap_or(1);
         let outs = [(dims, DType::F32), (vec![channels], DType::F32), (vec![channels], DType::F32)];
-        let Saved { x, gamma, stats, retired } = saved;
-        let inner = |x, gamma, stats, dy| {
-            B::batch_norm_backward(Saved { x, gamma, stats, retired: None }, dy)
+        let Saved { x, gamma, beta, stats, activation, retired } = saved;
+        let inner = move |x, gamma, beta, stats, dy| {
+            let saved = Saved { x, gamma, beta, stats, activation, retired: None };
+            B::batch_norm_backward(saved, dy)
         };
         match retired {
             // The old running statistics are inputs only so that they end here (see `Saved`).
-            Some([mean, var]) => in_stream::<B, _, 6, 3>(
+            Some([mean, var]) => in_stream::<B, _, 7, 3>(
                 "batch_norm_backward",
-                [x, gamma, stats, dy, mean, var],
+                [x, gamma, beta, stats, dy, mean, var],
                 outs,
-                move |[x, gamma, stats, dy, _, _]| inner(x, gamma, stats, dy),
+                move |[x, gamma, beta, stats, dy, _, _]| inner(x, gamma, beta, stats, dy),
             ),
-            None => in_stream::<B, _, 4, 3>(
+            None => in_stream::<B, _, 5, 3>(
                 "batch_norm_backward",
-                [x, gamma, stats, dy],
+                [x, gamma, beta, stats, dy],
                 outs,
-                move |[x, gamma, stats, dy]| inner(x, gamma, stats, dy),
+                move |[x, gamma, beta, stats, dy]| inner(x, gamma, beta, stats, dy),
             ),
         }
     }
@@ -386,18 +480,20 @@ impl<B: DeviceBatchNorm> DeviceBackward<B, 3> for BatchNormBackward {
     }
 }
 
-/// The normalisation under autodiff: one node with the input, the scale and the shift as
-/// parents; the running statistics replaced in `norm` (`running_stats`), the old ones carried
-/// to the backward (`Saved::retired`).
+/// The normalisation then `activation` under autodiff: one node with the input, the scale and
+/// the shift as parents; the running statistics replaced in `norm` (`running_stats`), the old
+/// ones carried to the backward (`Saved::retired`).
 fn tracked<B: DeviceBatchNorm, const D: usize>(
     norm: &BatchNorm<Autodiff<B>>,
     x: Tensor<Autodiff<B>, D>,
+    activation: Activation,
 ) -> Tensor<Autodiff<B>, D> {
     let inputs = [float(x), float(norm.gamma.val()), float(norm.beta.val())];
     let running =
         [norm.running_mean.value_sync(), norm.running_var.value_sync()].map(|t| float(t.inner()));
     let y = device_op::tracked_with(BatchNormBackward, inputs, |_, [x, gamma, beta]| {
-        let out = B::batch_norm_forward(x, gamma, beta, running, norm.epsilon, norm.momentum);
+        let (eps, momentum) = (norm.epsilon, norm.momentum);
+        let out = B::batch_norm_forward(x, gamma, beta, running, eps, momentum, activation);
         let replace = |state, t| {
             let new = Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(
                 TensorPrimitive::Float(t),
@@ -413,12 +509,14 @@ fn tracked<B: DeviceBatchNorm, const D: usize>(
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
-/// `norm`'s training forward over `x`'s last axis (the channels), updating its running
-/// statistics, as one operation where the backend is one of the trainer's CubeCL types under
-/// autodiff, the tensors f32 and `x` not empty; `None` elsewhere (nothing is then updated).
+/// `norm`'s training forward over `x`'s last axis (the channels) then `activation`, updating
+/// its running statistics, as one operation where the backend is one of the trainer's CubeCL
+/// types under autodiff, the tensors f32 and `x` not empty; `None` elsewhere (nothing is then
+/// updated).
 pub fn train_on_device<B: Backend, const D: usize>(
     norm: &BatchNorm<B>,
     x: &Tensor<B, D>,
+    activation: Activation,
 ) -> Option<Tensor<B, D>> {
     let c = norm.gamma.dims()[0];
     if D == 0
@@ -434,7 +532,7 @@ pub fn train_on_device<B: Backend, const D: usize>(
         T,
         {
             let norm = (norm as &dyn std::any::Any).downcast_ref::<BatchNorm<Autodiff<T>>>()?;
-            cast(tracked::<T, D>(norm, cast(x.clone())?))
+            cast(tracked::<T, D>(norm, cast(x.clone())?, activation))
         },
         { None }
     );
@@ -463,6 +561,10 @@ mod tests {
         Burn,
         /// `host_batch_norm` on NdArray: float64 sums, the reference.
         Host,
+        /// This module's operation with its Swish ([`Activation::Swish`]).
+        DeviceSwish,
+        /// This module's operation, then `device_gates`' Swish as an operation of its own.
+        DeviceThenSwish,
     }
 
     fn run<B: Backend>(form: Form, x: &[f32], w: &[f32], gamma: &[f32], beta: &[f32]) -> Results {
@@ -483,10 +585,19 @@ mod tests {
         for _ in 0..2 {
             let xa = t3(x).require_grad();
             let out = match form {
-                Form::Device => train_on_device(&norm, &xa).expect("wgpu takes the device form"),
+                Form::Device => train_on_device(&norm, &xa, Activation::Identity)
+                    .expect("wgpu takes the device form"),
                 Form::Burn => norm.forward(xa.clone().swap_dims(1, 2)).swap_dims(1, 2),
                 Form::Host => crate::model::host_batch_norm::train_on_host(&norm, &xa)
                     .expect("NdArray under autodiff takes the host form"),
+                Form::DeviceSwish => train_on_device(&norm, &xa, Activation::Swish)
+                    .expect("wgpu takes the device form"),
+                Form::DeviceThenSwish => {
+                    use crate::model::device_gates::{on_device, Gate};
+                    let y = train_on_device(&norm, &xa, Activation::Identity)
+                        .expect("wgpu takes the device form");
+                    on_device(Gate::Swish, &y).expect("wgpu takes the device Swish")
+                }
             };
             let grads = (out.clone() * t3(w)).sum().backward();
             let dg = norm.gamma.val().grad(&grads).unwrap();
@@ -509,23 +620,7 @@ mod tests {
     /// host form, over more rows than a cube.
     fn against_the_host<B: DeviceBatchNorm>(frames: usize) -> [[f32; 6]; 2] {
         type H = burn::backend::NdArray;
-        let device = Default::default();
-        H::seed(&device, 11);
-        let c = 40;
-        let random = |n: usize, d| Tensor::<H, 1>::random([n], d, &device).into_data();
-        let n = 3 * frames * c;
-        // An offset per channel, as activations have, so the mean matters.
-        let offset = random(c, Distribution::Normal(0.0, 2.0)).into_vec::<f32>().unwrap();
-        let x: Vec<f32> = random(n, Distribution::Normal(0.0, 1.5))
-            .into_vec::<f32>()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v + offset[i % c])
-            .collect();
-        let w = random(n, Distribution::Normal(0.0, 1.0)).into_vec::<f32>().unwrap();
-        let gamma = random(c, Distribution::Normal(1.0, 0.5)).into_vec::<f32>().unwrap();
-        let beta = random(c, Distribution::Normal(0.0, 0.5)).into_vec::<f32>().unwrap();
+        let [x, w, gamma, beta] = inputs(frames);
         let host = run::<H>(Form::Host, &x, &w, &gamma, &beta);
         [Form::Device, Form::Burn].map(|form| {
             let got = run::<B>(form, &x, &w, &gamma, &beta);
@@ -562,6 +657,52 @@ mod tests {
             ] {
                 assert!(v <= bound, "{name}: {what} differs by {v:.2e} (bound {bound:.1e})");
             }
+        }
+    }
+
+    /// The inputs of [`against_the_host`] (`x`, the output's weights, the scale, the shift) for
+    /// `frames` frames of 3 utterances over 40 channels.
+    fn inputs(frames: usize) -> [Vec<f32>; 4] {
+        type H = burn::backend::NdArray;
+        let device = Default::default();
+        H::seed(&device, 11);
+        let c = 40;
+        let random = |n: usize, d| {
+            Tensor::<H, 1>::random([n], d, &device).into_data().into_vec::<f32>().unwrap()
+        };
+        let n = 3 * frames * c;
+        // An offset per channel, as activations have, so the mean matters.
+        let offset = random(c, Distribution::Normal(0.0, 2.0));
+        let x = random(n, Distribution::Normal(0.0, 1.5));
+        let x = x.iter().enumerate().map(|(i, v)| v + offset[i % c]).collect();
+        let w = random(n, Distribution::Normal(0.0, 1.0));
+        let gamma = random(c, Distribution::Normal(1.0, 0.5));
+        let beta = random(c, Distribution::Normal(0.0, 0.5));
+        [x, w, gamma, beta]
+    }
+
+    /// With its Swish the operation gives the bits of the normalisation's operation followed by
+    /// the Swish's (`device_gates`): the output, the three gradients and the running statistics,
+    /// on wgpu bare and fused, over 1 and 150 frames (more rows than a cube).
+    #[test]
+    fn with_its_swish_the_normalisation_is_it_then_the_swish_bit_for_bit() {
+        fn compare<B: DeviceBatchNorm>(name: &str, frames: usize) {
+            let [x, w, gamma, beta] = inputs(frames);
+            let merged = run::<B>(Form::DeviceSwish, &x, &w, &gamma, &beta);
+            let two = run::<B>(Form::DeviceThenSwish, &x, &w, &gamma, &beta);
+            let what = ["output", "input gradient", "scale gradient", "shift gradient", "mean", "var"];
+            for (k, what) in what.iter().enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&merged[k]), bits(&two[k]), "{name}, {frames} frames: {what}");
+            }
+            // Not vacuous: the Swish changed the output and the gradients.
+            let plain = run::<B>(Form::Device, &x, &w, &gamma, &beta);
+            assert_ne!(plain[0], merged[0], "{name}: the Swish ran");
+            assert_ne!(plain[2], merged[2], "{name}: the scale's gradient went through it");
+        }
+        for frames in [1, 150] {
+            compare::<burn::backend::Wgpu>("wgpu", frames);
+            compare::<Fusion<burn::backend::Wgpu>>("fused wgpu", frames);
         }
     }
 }

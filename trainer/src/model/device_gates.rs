@@ -70,14 +70,14 @@ fn sigmoid(x: f32) -> f32 {
 
 /// Swish at `v`, `v * sigmoid(v)`: every forward kernel's, so their bits agree by construction.
 #[cube]
-fn swish(v: f32) -> f32 {
+pub(super) fn swish(v: f32) -> f32 {
     v * sigmoid(v)
 }
 
 /// Swish's slope at `v`, `s + v s (1 - s)` with `s = sigmoid(v)`: the kernels with and without a
 /// dropout share it, so their bits agree by construction.
 #[cube]
-fn swish_slope(v: f32) -> f32 {
+pub(super) fn swish_slope(v: f32) -> f32 {
     let s = sigmoid(v);
     s + v * s * (1.0 - s)
 }

@@ -197,20 +197,31 @@ fn gated_masked<B: Backend, const D: usize>(x: Tensor<B, D>, keep: Tensor<B, D>)
 }
 
 /// `norm` over the channels-last `x` `[B, T, C]`: in training one host operation on the CPU
-/// backend (`host_batch_norm`) and one operation on the CubeCL ones (`device_batch_norm`);
-/// elsewhere Burn's `BatchNorm`, which wants the channels second.
+/// backend (`host_batch_norm`); elsewhere Burn's `BatchNorm`, which wants the channels second.
+/// (On the CubeCL backends in training the normalisation runs with its Swish,
+/// [`batch_norm_swish`].)
 fn batch_norm<B: Backend>(norm: &BatchNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     if let Some(y) = super::host_batch_norm::train_on_host(norm, &x) {
-        return y;
-    }
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(y) = super::device_batch_norm::train_on_device(norm, &x) {
         return y;
     }
     let y = norm.forward(x.swap_dims(1, 2)).swap_dims(1, 2);
     // Burn's forward leaves its running statistics in a map per thread (`running_stats`).
     super::running_stats::settle(norm);
     y
+}
+
+/// [`swish`] of [`batch_norm`] of `x`: in training one operation each way on the CubeCL
+/// backends (`device_batch_norm`, the Swish inside the normalisation's kernels), the two
+/// elsewhere.
+fn batch_norm_swish<B: Backend>(norm: &BatchNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        use super::device_batch_norm::{train_on_device, Activation};
+        if let Some(y) = train_on_device(norm, &x, Activation::Swish) {
+            return y;
+        }
+    }
+    swish(batch_norm(norm, x))
 }
 
 /// `[B, T, 1, 1]`: 1 on each row's first `lens[b]` frames, 0 after.
@@ -487,8 +498,7 @@ impl<B: Backend> ConvModule<B> {
         let x = linear_gated_masked(p, &self.pointwise1, x, keep);
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
-        let x = batch_norm(&self.norm, x);
-        swish(x)
+        batch_norm_swish(&self.norm, x)
     }
 }
 
