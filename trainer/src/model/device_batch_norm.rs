@@ -42,11 +42,11 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
+use super::device_gates::{swish, swish_slope};
 use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, CUBE,
 };
-use super::device_gates::{swish, swish_slope};
 use super::host_depthwise::{cast, float};
 use super::running_stats;
 
@@ -690,7 +690,8 @@ mod tests {
             let [x, w, gamma, beta] = inputs(frames);
             let merged = run::<B>(Form::DeviceSwish, &x, &w, &gamma, &beta);
             let two = run::<B>(Form::DeviceThenSwish, &x, &w, &gamma, &beta);
-            let what = ["output", "input gradient", "scale gradient", "shift gradient", "mean", "var"];
+            let what =
+                ["output", "input gradient", "scale gradient", "shift gradient", "mean", "var"];
             for (k, what) in what.iter().enumerate() {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&merged[k]), bits(&two[k]), "{name}, {frames} frames: {what}");

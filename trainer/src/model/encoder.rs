@@ -289,7 +289,29 @@ impl<B: Backend> RelPositionAttention<B> {
     ) -> Tensor<B, 3> {
         let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
-        // [B, H, T, dk] each, the query's two with their position biases.
+        let [q_u, q_v, k, v] = self.heads(x, p);
+        // [1, H, 2T-1, dk]
+        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
+        // The scores come back in f32: the mask and the softmax run there.
+        let ac = p.matmul_transposed(q_u, k); // [B, H, T, T]
+        let bd = p.matmul_transposed(q_v, r); // [B, H, T, 2T-1]
+        let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
+        merge_heads(p.matmul(attn, v))
+    }
+
+    /// The heads of `x` `[B, T, d]`, `[B, H, T, dk]` each: the query's with the position biases
+    /// `u` and `v`, the key's and the value's. In f32 on the CubeCL backends one product and one
+    /// kernel each way (`device_qkv`); elsewhere each projection, then its heads.
+    fn heads(&self, x: Tensor<B, 3>, p: Precision) -> [Tensor<B, 4>; 4] {
+        let h = self.heads;
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if p.compute().is_none() {
+            let layers = [&self.q, &self.k, &self.v];
+            let pos = [self.pos_bias_u.val(), self.pos_bias_v.val()];
+            if let Some(heads) = super::device_qkv::project_heads(&x, layers, pos, h) {
+                return heads;
+            }
+        }
         let (q, bq) = project(p, &self.q, x.clone(), h);
         let with = |extra: Tensor<B, 2>| {
             bq.iter().cloned().map(HeadBias::Flat).chain([HeadBias::Heads(extra)]).collect()
@@ -300,13 +322,7 @@ impl<B: Backend> RelPositionAttention<B> {
         let k = split_heads(k, bk.into_iter().map(HeadBias::Flat).collect(), h);
         let (v, bv) = project(p, &self.v, x, h);
         let v = split_heads(v, bv.into_iter().map(HeadBias::Flat).collect(), h);
-        // [1, H, 2T-1, dk]
-        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
-        // The scores come back in f32: the mask and the softmax run there.
-        let ac = p.matmul_transposed(q_u, k); // [B, H, T, T]
-        let bd = p.matmul_transposed(q_v, r); // [B, H, T, 2T-1]
-        let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
-        merge_heads(p.matmul(attn, v))
+        [q_u, q_v, k, v]
     }
 }
 

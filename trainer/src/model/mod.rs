@@ -34,6 +34,8 @@ pub mod device_mixed;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_op;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_qkv;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_rel_shift;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_strided;
