@@ -38,6 +38,7 @@ use super::device_op::{
     DeviceBackward, DeviceOp, CUBE,
 };
 use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
+use super::handoff::Handoff;
 use super::host_depthwise::{cast, float};
 
 /// Rows per partial sum of the scale's and shift's gradients: each unit of that kernel sums one
@@ -87,7 +88,8 @@ pub fn layer_norm_forward(
 }
 
 /// One cube per row: the input's gradient, `rstd * (g - mean(g) - xhat * mean(g * xhat))`
-/// with `g = dy * gamma` and `xhat = (x - mean) * rstd`.
+/// with `g = dy * gamma` and `xhat = (x - mean) * rstd`, plus `addend` where `add` (another
+/// gradient of the input, handed over: `handoff`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward_input(
@@ -95,9 +97,11 @@ pub fn layer_norm_backward_input(
     gamma: &Array<f32>,
     stats: &Array<f32>,
     dy: &Array<f32>,
+    addend: &Array<f32>,
     dx: &mut Array<f32>,
     width: u32,
     rows: u32,
+    #[comptime] add: bool,
 ) {
     let row = cube_index();
     let mut shared = SharedMemory::<f32>::new(CUBE as usize);
@@ -120,7 +124,12 @@ pub fn layer_norm_backward_input(
             let at = base + c as usize;
             let g = dy[at] * gamma[c as usize];
             let xhat = (x[at] - mean) * rstd;
-            dx[at] = rstd * (g - mean_g - xhat * mean_gx);
+            let v = rstd * (g - mean_g - xhat * mean_gx);
+            if add {
+                dx[at] = v + addend[at];
+            } else {
+                dx[at] = v;
+            }
         }
     }
 }
@@ -214,10 +223,12 @@ pub trait DeviceLayerNorm: Backend {
         eps: f64,
     ) -> (FloatTensor<Self>, Saved<Self>);
 
-    /// The gradients of `x`, `gamma` and `beta` from the output's gradient `dy`.
+    /// The gradients of `x`, `gamma` and `beta` from the output's gradient `dy`, `addend`
+    /// (another gradient of `x`, `handoff`'s) added to `x`'s as it is written.
     fn layer_norm_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
+        addend: Option<FloatTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -265,6 +276,7 @@ where
     fn layer_norm_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
+        addend: Option<FloatTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let Saved { x, gamma, stats } = saved;
         // Under fusion the saved tensors are the operation's own inputs again: on
@@ -278,6 +290,9 @@ where
         let client = dy.client.clone();
         let device = dy.device.clone();
         let dx = empty::<R>(&client, &device, dims);
+        let add = addend.is_some();
+        // Without an addend the kernel reads none: the input stands in for it.
+        let addend = addend.map(contiguous).unwrap_or_else(|| x.clone());
         layer_norm_backward_input::launch::<R>(
             &client,
             cubes(rows),
@@ -286,9 +301,11 @@ where
             gamma.into_array_arg(),
             stats.clone().into_array_arg(),
             dy.clone().into_array_arg(),
+            addend.into_array_arg(),
             dx.clone().into_array_arg(),
             width as u32,
             rows as u32,
+            add,
         );
         if in_lanes(rows) {
             // One launch, not two: five normalisations a Conformer block, 120 of the 0.6B
@@ -359,35 +376,50 @@ where
     fn layer_norm_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
+        addend: Option<FloatTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let dims = saved.x.shape.to_vec();
         let width = dims.last().copied().unwrap_or(1);
         let outs = [(dims, DType::F32), (vec![width], DType::F32), (vec![width], DType::F32)];
         let Saved { x, gamma, stats } = saved;
-        let [dx, d_gamma, d_beta] = in_stream::<B, _, 4, 3>(
-            "layer_norm_backward",
-            [x, gamma, stats, dy],
-            outs,
-            |[x, gamma, stats, dy]| {
-                let (dx, d_gamma, d_beta) = B::layer_norm_backward(Saved { x, gamma, stats }, dy);
-                [dx, d_gamma, d_beta]
-            },
-        );
+        let run = |x, gamma, stats, dy, addend| {
+            let (dx, d_gamma, d_beta) =
+                B::layer_norm_backward(Saved { x, gamma, stats }, dy, addend);
+            [dx, d_gamma, d_beta]
+        };
+        let [dx, d_gamma, d_beta] = match addend {
+            Some(addend) => in_stream::<B, _, 5, 3>(
+                "layer_norm_backward",
+                [x, gamma, stats, dy, addend],
+                outs,
+                move |[x, gamma, stats, dy, addend]| run(x, gamma, stats, dy, Some(addend)),
+            ),
+            None => in_stream::<B, _, 4, 3>(
+                "layer_norm_backward",
+                [x, gamma, stats, dy],
+                outs,
+                move |[x, gamma, stats, dy]| run(x, gamma, stats, dy, None),
+            ),
+        };
         (dx, d_gamma, d_beta)
     }
 }
 
-/// The normalisation with its `eps`, as a [`DeviceOp`] of the input, the scale and the shift.
-#[derive(Debug, Clone, Copy)]
+/// The normalisation with its `eps`, as a [`DeviceOp`] of the input, the scale and the shift;
+/// with a claimed `handoff` the input's gradient adds what the residual connection reading
+/// the same input hands over (`handoff`).
+#[derive(Debug, Clone)]
 struct LayerNorm {
     eps: f64,
+    handoff: Option<Handoff>,
 }
 
 impl<B: DeviceLayerNorm> DeviceBackward<B, 3> for LayerNorm {
     type Saved = Saved<B>;
 
     fn backward(&self, saved: Saved<B>, dy: FloatTensor<B>) -> [FloatTensor<B>; 3] {
-        let (dx, d_gamma, d_beta) = B::layer_norm_backward(saved, dy);
+        let addend = self.handoff.as_ref().and_then(|h| h.take::<FloatTensor<B>>());
+        let (dx, d_gamma, d_beta) = B::layer_norm_backward(saved, dy, addend);
         [dx, d_gamma, d_beta]
     }
 }
@@ -399,14 +431,19 @@ impl<B: DeviceLayerNorm> DeviceOp<B, 3> for LayerNorm {
 }
 
 /// The normalisation under autodiff: one node with the input, the scale and the shift as
-/// parents.
+/// parents, claiming `handoff` where given.
 fn tracked<B: DeviceLayerNorm, const D: usize>(
     x: Tensor<Autodiff<B>, D>,
     gamma: Tensor<Autodiff<B>, 1>,
     beta: Tensor<Autodiff<B>, 1>,
     eps: f64,
+    handoff: Option<&Handoff>,
 ) -> Tensor<Autodiff<B>, D> {
-    let y = device_op::tracked(LayerNorm { eps }, [float(x), float(gamma), float(beta)]);
+    let handoff = handoff.cloned();
+    if let Some(h) = &handoff {
+        h.claim();
+    }
+    let y = device_op::tracked(LayerNorm { eps, handoff }, [float(x), float(gamma), float(beta)]);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
@@ -423,12 +460,14 @@ fn bare<B: DeviceLayerNorm, const D: usize>(
 
 /// `layer_norm(x) * gamma + beta` over `x`'s last dimension, as one operation where the backend
 /// is one of the trainer's CubeCL types (bare or under autodiff), the tensors f32 and there is
-/// a shift; `None` elsewhere.
+/// a shift; `None` elsewhere. Under autodiff it claims `handoff` where given: its backward
+/// adds the gradient handed over there to the input's (`handoff`).
 pub fn on_device<B: Backend, const D: usize>(
     x: &Tensor<B, D>,
     gamma: &Tensor<B, 1>,
     beta: Option<&Tensor<B, 1>>,
     eps: f64,
+    handoff: Option<&Handoff>,
 ) -> Option<Tensor<B, D>> {
     let beta = beta?;
     if D == 0
@@ -441,7 +480,10 @@ pub fn on_device<B: Backend, const D: usize>(
     on_cube_types!(
         B,
         T,
-        { cast(tracked::<T, D>(cast(x.clone())?, cast(gamma.clone())?, cast(beta.clone())?, eps)) },
+        {
+            let (x, gamma, beta) = (cast(x.clone())?, cast(gamma.clone())?, cast(beta.clone())?);
+            cast(tracked::<T, D>(x, gamma, beta, eps, handoff))
+        },
         { cast(bare::<T, D>(cast(x.clone())?, cast(gamma.clone())?, cast(beta.clone())?, eps)) }
     );
     None
@@ -480,7 +522,7 @@ mod tests {
             let gamma = norm.gamma.val();
             let beta = norm.beta.as_ref().unwrap().val();
             let out = if device_form {
-                tracked::<B, 3>(xa.clone(), gamma.clone(), beta.clone(), eps)
+                tracked::<B, 3>(xa.clone(), gamma.clone(), beta.clone(), eps, None)
             } else {
                 norm.forward(xa.clone())
             };
@@ -536,5 +578,58 @@ mod tests {
                 assert!(v <= bound, "{name}: {what} differs by {v:.2e} (bound {bound:.1e})");
             }
         }
+    }
+
+    /// A pre-norm residual block, `x + layer(norm(x))` with the residual's dropout, through
+    /// the normalisation's and the residual's operations: with the residual's input gradient
+    /// handed to the normalisation's backward (`handoff`) the gradients of the input, the scale
+    /// and the shift are autodiff's sum's bits, bare and fused; with the normalisation not
+    /// claiming the handoff the residual registers its gradient itself.
+    #[test]
+    fn the_residual_s_gradient_handed_over_is_autodiff_s_sum_bit_for_bit() {
+        use crate::model::device_matmul::linear_residual;
+        use crate::model::dropout::Rule;
+        type A<B> = Autodiff<B>;
+        fn check<B: crate::model::device_matmul::DeviceMatmul + DeviceLayerNorm>(name: &str) {
+            let device = Default::default();
+            B::seed(&device, 3);
+            let (rows, d) = (37, 24);
+            let normal = |dims: [usize; 2]| {
+                Tensor::<B, 2>::random(dims, Distribution::Normal(0.0, 1.0), &device)
+            };
+            let (x, w, dy) = (normal([rows, d]), normal([d, d]), normal([rows, d]));
+            let [gamma, beta, b] = [0, 1, 2].map(|_| normal([1, d]).reshape([d]));
+            let rule = Rule::new(0x5eed, 0.8).times(0.5);
+            let bits = |t: Tensor<B, 2>| t.into_data().into_vec::<f32>().unwrap();
+            let bits1 = |t: Tensor<B, 1>| t.into_data().into_vec::<f32>().unwrap();
+            // `claim`: whether the normalisation takes the handoff; `give`: whether the
+            // residual is offered it.
+            let run = |claim: bool, give: bool| {
+                let xa = Tensor::<A<B>, 2>::from_inner(x.clone()).require_grad();
+                let [ga, ba] =
+                    [&gamma, &beta].map(|t| Tensor::from_inner(t.clone()).require_grad());
+                let (wa, bb) = (Tensor::from_inner(w.clone()), Tensor::from_inner(b.clone()));
+                let handoff = Handoff::new();
+                let normed = on_device(&xa, &ga, Some(&ba), 1e-5, claim.then_some(&handoff))
+                    .expect("a CubeCL type");
+                let offer = give.then_some(&handoff);
+                let y = linear_residual(xa.clone(), &normed, &wa, &bb, rule, offer)
+                    .expect("a CubeCL type");
+                let grads = (y * Tensor::from_inner(dy.clone())).sum().backward();
+                let g = |t: &Tensor<A<B>, 1>| bits1(t.grad(&grads).expect("tracked"));
+                [bits(xa.grad(&grads).expect("tracked")), g(&ga), g(&ba)]
+            };
+            let summed = run(false, false);
+            for (what, got) in [("handed over", run(true, true)), ("not claimed", run(false, true))]
+            {
+                for (k, part) in ["input", "scale", "shift"].iter().enumerate() {
+                    assert_eq!(got[k], summed[k], "{name}, {what}: the {part}'s gradient");
+                }
+            }
+            // Claimed but not offered: the residual registers it, the normalisation adds none.
+            assert_eq!(run(true, false)[0], summed[0], "{name}: claimed, not offered");
+        }
+        check::<burn::backend::Wgpu>("wgpu");
+        check::<Fusion<burn::backend::Wgpu>>("fused wgpu");
     }
 }

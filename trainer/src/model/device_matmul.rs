@@ -65,6 +65,7 @@ use super::device_dropout::DeviceDropout;
 use super::device_gates::{After, DeviceGates, Gate};
 use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
 use super::dropout::{Dropout, Rule};
+use super::handoff::Handoff;
 use super::host_depthwise::{cast, float, same};
 pub use super::matmul_kernel::{chosen, Kernel};
 
@@ -1030,11 +1031,14 @@ impl<B: DeviceMatmul> DeviceOp<B, 3> for BiasedProduct {
 
 /// A linear layer with its bias and the residual after it, `x + (h · w + b)` times the rule's
 /// mask, as a [`DeviceOp`] of `x`, `h`, `w` and `b`: one node, and under fusion one operation
-/// each way, where the layer and the residual were two. `x`'s gradient is the output's.
-#[derive(Debug, Clone, Copy)]
+/// each way, where the layer and the residual were two. `x`'s gradient is the output's,
+/// handed to the layer normalisation reading `x` where it claimed `handoff` (`handoff`), else
+/// registered.
+#[derive(Debug, Clone)]
 struct LinearResidual {
     kernel: Kernel,
     rule: Rule,
+    handoff: Option<Handoff>,
 }
 
 impl<B: DeviceMatmul> DeviceBackward<B, 4> for LinearResidual {
@@ -1050,7 +1054,13 @@ impl<B: DeviceMatmul> DeviceBackward<B, 4> for LinearResidual {
         dy: FloatTensor<B>,
         [want_x, want_h, want_w, want_b]: [bool; 4],
     ) -> [Option<FloatTensor<B>>; 4] {
-        let dx = want_x.then(|| dy.clone());
+        let dx = match (want_x, &self.handoff) {
+            (true, Some(handoff)) => {
+                handoff.give(dy.clone());
+                None
+            }
+            (want, _) => want.then(|| dy.clone()),
+        };
         let [dh, dw, db] = B::linear_residual_grads(
             dy,
             want_h.then_some(w),
@@ -1253,6 +1263,7 @@ pub fn linear_residual<B: Backend, const D: usize>(
     w: &Tensor<B, 2>,
     b: &Tensor<B, 1>,
     rule: Rule,
+    handoff: Option<&Handoff>,
 ) -> Result<Tensor<B, D>, Tensor<B, D>> {
     let f32s = [x.dtype(), h.dtype(), w.dtype(), b.dtype()].iter().all(|&t| t == DType::F32);
     let ([i, o], [bo]) = (w.dims(), b.dims());
@@ -1266,7 +1277,9 @@ pub fn linear_residual<B: Backend, const D: usize>(
     if !f32s || !fits {
         return Err(x);
     }
-    let op = LinearResidual { kernel: chosen(), rule };
+    // Handed over only where the receiver's forward claimed it (see `handoff`).
+    let handoff = handoff.filter(|h| h.claimed()).cloned();
+    let op = LinearResidual { kernel: chosen(), rule, handoff };
     on_cube_types!(
         B,
         T,
@@ -1631,7 +1644,7 @@ mod tests {
                 let ba = Tensor::<A<B>, 1>::from_inner(b.clone());
                 let ba = if tracked[3] { ba.require_grad() } else { ba };
                 let y = if one_op {
-                    let op = linear_residual(xa.clone(), &ha, &wa, &ba, rule);
+                    let op = linear_residual(xa.clone(), &ha, &wa, &ba, rule, None);
                     op.expect("a CubeCL type")
                 } else {
                     let f = on_device(&ha, &wa, Some(&ba), chosen()).expect("a CubeCL type");
@@ -1658,7 +1671,8 @@ mod tests {
             let wide = Tensor::<A<B>, 3>::from_inner(x.clone().repeat_dim(2, 2));
             let (ha, wa, ba) =
                 (Tensor::from_inner(h), Tensor::from_inner(w), Tensor::from_inner(b));
-            assert!(linear_residual(wide, &ha, &wa, &ba, rule).is_err(), "x of another width");
+            let refused = linear_residual(wide, &ha, &wa, &ba, rule, None);
+            assert!(refused.is_err(), "x of another width");
         }
         check::<W>();
         check::<Fusion<W>>();

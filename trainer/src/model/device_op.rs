@@ -385,7 +385,8 @@ mod tests {
         let layer_norm = |pitch: usize| {
             let (x, gamma, beta) =
                 (pitched_rows(&xs, b * t, c, pitch), tracked(&ws[..c], [c]), tracked(&vs, [c]));
-            let y = device_layer_norm::on_device(&x, &gamma, Some(&beta), 1e-5).expect("on wgpu");
+            let y =
+                device_layer_norm::on_device(&x, &gamma, Some(&beta), 1e-5, None).expect("on wgpu");
             let grads = (y * tracked(&rs, [b * t, c])).sum().backward();
             [host(x.grad(&grads)), host(gamma.grad(&grads)), host(beta.grad(&grads))]
         };

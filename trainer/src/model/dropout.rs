@@ -115,6 +115,10 @@ impl Dropout {
     ///   one kernel forward and one backward (`device_dropout`), where Burn's form is the
     ///   dropout's two, a product by the factor and the sum forward, and the dropout's and the
     ///   product's backward.
+    ///
+    /// `handoff`: where the layer normalisation reading `x` claimed it, the one operation hands
+    /// `x`'s gradient to that normalisation's backward instead of autodiff's sum
+    /// (`model::handoff`).
     pub fn residual_linear<B: Backend, const D: usize>(
         &self,
         x: Tensor<B, D>,
@@ -122,19 +126,22 @@ impl Dropout {
         h: Tensor<B, D>,
         factor: f32,
         p: Precision,
+        handoff: Option<&super::handoff::Handoff>,
     ) -> Tensor<B, D> {
         let rule = self.draw::<B>(&x.device());
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let x = match (rule, &layer.bias, p.compute()) {
             (Some(r), Some(b), None) => {
                 let (w, b) = (layer.weight.val(), b.val());
-                match super::device_matmul::linear_residual(x, &h, &w, &b, r.times(factor)) {
+                let rule = r.times(factor);
+                match super::device_matmul::linear_residual(x, &h, &w, &b, rule, handoff) {
                     Ok(y) => return y,
                     Err(x) => x,
                 }
             }
             _ => x,
         };
+        let _ = handoff;
         self.residual_drawn(rule, x, p.linear(layer, h), factor)
     }
 
@@ -404,7 +411,7 @@ mod tests {
             // Against the unfused form from the same point of the stream: the same bits (a
             // power-of-two factor scales exactly), forward and backward.
             seed_stream(9);
-            let fused = dropout.residual_linear(x.clone(), &layer, h.clone(), factor, F32);
+            let fused = dropout.residual_linear(x.clone(), &layer, h.clone(), factor, F32, None);
             let gf = (fused.clone() * weights.clone()).sum().backward();
             seed_stream(9);
             let f = F32.linear(&layer, h.clone());
@@ -419,7 +426,7 @@ mod tests {
         // Evaluation: the plain sum.
         let bare = |k| Tensor::<NdArray, 2>::from_data(data(k), &device);
         let layer = layer.valid();
-        let eval = dropout.residual_linear(bare(3), &layer, bare(5), 0.5, F32);
+        let eval = dropout.residual_linear(bare(3), &layer, bare(5), 0.5, F32, None);
         let want = bare(3) + F32.linear(&layer, bare(5)).mul_scalar(0.5);
         assert_eq!(
             eval.into_data().to_vec::<f32>().unwrap(),

@@ -9,6 +9,7 @@ use burn::tensor::activation::{glu, silu, softmax};
 use super::config::EncoderConfig;
 use super::conv::{relu, Conv3x3S2, DepthwiseConv1d};
 use super::dropout::Dropout;
+use super::handoff::Handoff;
 use super::host_reshape::Reshaped;
 use super::precision::Precision;
 
@@ -21,17 +22,23 @@ const LAYER_NORM_EPS: f64 = 1e-5;
 
 /// `norm(x)`: one host operation on the CPU backend (`host_layer_norm`), one operation on the
 /// CubeCL ones (`device_layer_norm`), Burn's elsewhere.
-fn layer_norm<B: Backend, const D: usize>(norm: &LayerNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+fn layer_norm<B: Backend, const D: usize>(
+    norm: &LayerNorm<B>,
+    x: Tensor<B, D>,
+    handoff: Option<&Handoff>,
+) -> Tensor<B, D> {
     let beta = norm.beta.as_ref().map(|b| b.val());
     let gamma = norm.gamma.val();
     if let Some(y) = super::host_layer_norm::on_host(&x, &gamma, beta.as_ref(), LAYER_NORM_EPS) {
         return y;
     }
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if let Some(y) = super::device_layer_norm::on_device(&x, &gamma, beta.as_ref(), LAYER_NORM_EPS)
+    if let Some(y) =
+        super::device_layer_norm::on_device(&x, &gamma, beta.as_ref(), LAYER_NORM_EPS, handoff)
     {
         return y;
     }
+    let _ = handoff;
     norm.forward(x)
 }
 
@@ -560,17 +567,20 @@ impl<B: Backend> ConformerLayer<B> {
     ) -> Tensor<B, 3> {
         // Each residual connection (input + factor x dropout(branch)) runs with the linear
         // layer that ends its branch: one operation each way on the CubeCL backends in f32
-        // (`Dropout::residual_linear`).
+        // (`Dropout::residual_linear`), which hands its input's gradient to the backward of
+        // the layer normalisation reading the same input (`handoff`).
         let d = &self.dropout;
-        let h = self.ff1.hidden(layer_norm(&self.norm_ff1, x.clone()), p);
-        let x = d.residual_linear(x, &self.ff1.down, h, 0.5, p);
-        let h = self.att.context(layer_norm(&self.norm_att, x.clone()), pos, pad, &keep, p);
-        let x = d.residual_linear(x, &self.att.out, h, 1.0, p);
-        let h = self.conv.hidden(layer_norm(&self.norm_conv, x.clone()), keep, p);
-        let x = d.residual_linear(x, &self.conv.pointwise2, h, 1.0, p);
-        let h = self.ff2.hidden(layer_norm(&self.norm_ff2, x.clone()), p);
-        let x = d.residual_linear(x, &self.ff2.down, h, 0.5, p);
-        layer_norm(&self.norm_out, x)
+        let link = [0; 4].map(|_| Handoff::new());
+        let h = self.ff1.hidden(layer_norm(&self.norm_ff1, x.clone(), Some(&link[0])), p);
+        let x = d.residual_linear(x, &self.ff1.down, h, 0.5, p, Some(&link[0]));
+        let normed = layer_norm(&self.norm_att, x.clone(), Some(&link[1]));
+        let h = self.att.context(normed, pos, pad, &keep, p);
+        let x = d.residual_linear(x, &self.att.out, h, 1.0, p, Some(&link[1]));
+        let h = self.conv.hidden(layer_norm(&self.norm_conv, x.clone(), Some(&link[2])), keep, p);
+        let x = d.residual_linear(x, &self.conv.pointwise2, h, 1.0, p, Some(&link[2]));
+        let h = self.ff2.hidden(layer_norm(&self.norm_ff2, x.clone(), Some(&link[3])), p);
+        let x = d.residual_linear(x, &self.ff2.down, h, 0.5, p, Some(&link[3]));
+        layer_norm(&self.norm_out, x, None)
     }
 }
 

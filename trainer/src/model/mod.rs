@@ -44,6 +44,8 @@ pub mod device_sum;
 pub mod dropout;
 pub mod encoder;
 pub mod greedy;
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+pub mod handoff;
 pub mod host_batch_norm;
 pub mod host_depthwise;
 pub mod host_layer_norm;
