@@ -33,11 +33,13 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
+use super::device_dropout::mask_factor;
 use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, DeviceOp, CUBE,
 };
 use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
+use super::dropout::Rule;
 use super::handoff::Handoff;
 use super::host_depthwise::{cast, float};
 
@@ -63,27 +65,87 @@ pub fn layer_norm_forward(
     let mut shared = SharedMemory::<f32>::new(CUBE as usize);
     // The condition is the same for every unit of a cube: the barriers in the sums are uniform.
     if row < rows {
-        let base = (row * width) as usize;
         let mut part = 0.0f32;
         for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
-            part += x[base + c as usize];
+            part += x[(row * width + c) as usize];
         }
-        let mean = cube_sum(&mut shared, part) / f32::cast_from(width);
-        let mut dev = 0.0f32;
+        normalise_row(x, gamma, beta, y, stats, &mut shared, part, row, width, eps);
+    }
+}
+
+/// Row `row` of `x` `[rows, width]` normalised to `y`, and its mean and reciprocal deviation to
+/// `stats`, by the cube, each unit reading the columns `UNIT_POS, UNIT_POS + CUBE_DIM, ...`
+/// (those it wrote where `x` is a kernel's own output) with `part` its sum of them: the
+/// layer normalisation's forward in every kernel that has one, so they give the same bits.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn normalise_row(
+    x: &Array<f32>,
+    gamma: &Array<f32>,
+    beta: &Array<f32>,
+    y: &mut Array<f32>,
+    stats: &mut Array<f32>,
+    shared: &mut SharedMemory<f32>,
+    part: f32,
+    row: u32,
+    width: u32,
+    eps: f32,
+) {
+    let base = (row * width) as usize;
+    let mean = cube_sum(shared, part) / f32::cast_from(width);
+    let mut dev = 0.0f32;
+    for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
+        let d = x[base + c as usize] - mean;
+        dev += d * d;
+    }
+    let var = cube_sum(shared, dev) / f32::cast_from(width);
+    let rstd = 1.0 / f32::sqrt(var + eps);
+    for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
+        let at = base + c as usize;
+        y[at] = (x[at] - mean) * rstd * gamma[c as usize] + beta[c as usize];
+    }
+    if UNIT_POS == 0 {
+        stats[(2 * row) as usize] = mean;
+        stats[(2 * row + 1) as usize] = rstd;
+    }
+}
+
+/// One cube per row of `x` `[rows, width]`: the residual after a linear layer,
+/// `r = x + (p + b[column]) * m` (`m` `device_dropout::mask_factor`; the bits of
+/// `bias_residual_apply`), to `r`, then `r`'s layer normalisation ([`normalise_row`]) to `y`
+/// and `stats`: the residual's kernel and the next normalisation's forward in one launch.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn bias_residual_norm(
+    x: &Array<f32>,
+    p: &Array<f32>,
+    b: &Array<f32>,
+    gamma: &Array<f32>,
+    beta: &Array<f32>,
+    r: &mut Array<f32>,
+    y: &mut Array<f32>,
+    stats: &mut Array<f32>,
+    k0: u32,
+    k1: u32,
+    threshold: u32,
+    scale: f32,
+    width: u32,
+    rows: u32,
+    eps: f32,
+) {
+    let row = cube_index();
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    if row < rows {
+        let mut part = 0.0f32;
         for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
-            let d = x[base + c as usize] - mean;
-            dev += d * d;
+            let pos = row * width + c;
+            let i = pos as usize;
+            let f = p[i] + b[c as usize];
+            let v = x[i] + f * mask_factor(pos, k0, k1, threshold, scale);
+            r[i] = v;
+            part += v;
         }
-        let var = cube_sum(&mut shared, dev) / f32::cast_from(width);
-        let rstd = 1.0 / f32::sqrt(var + eps);
-        for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
-            let at = base + c as usize;
-            y[at] = (x[at] - mean) * rstd * gamma[c as usize] + beta[c as usize];
-        }
-        if UNIT_POS == 0 {
-            stats[(2 * row) as usize] = mean;
-            stats[(2 * row + 1) as usize] = rstd;
-        }
+        normalise_row(r, gamma, beta, y, stats, &mut shared, part, row, width, eps);
     }
 }
 
@@ -223,6 +285,20 @@ pub trait DeviceLayerNorm: Backend {
         eps: f64,
     ) -> (FloatTensor<Self>, Saved<Self>);
 
+    /// The residual after a linear layer, `r = x + (p + b)` times `rule`'s mask (`x` and `p`
+    /// `[.., width]`, `b` `[width]`), then `r` normalised: `[r, y, stats]`, `stats` what
+    /// [`Saved`] keeps. One kernel ([`bias_residual_norm`]); under fusion one operation.
+    #[allow(clippy::too_many_arguments)]
+    fn bias_residual_norm(
+        rule: Rule,
+        x: FloatTensor<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+    ) -> [FloatTensor<Self>; 3];
+
     /// The gradients of `x`, `gamma` and `beta` from the output's gradient `dy`, `addend`
     /// (another gradient of `x`, `handoff`'s) added to `x`'s as it is written.
     fn layer_norm_backward(
@@ -271,6 +347,50 @@ where
             eps as f32,
         );
         (y, Saved { x, gamma, stats })
+    }
+
+    fn bias_residual_norm(
+        rule: Rule,
+        x: FloatTensor<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+    ) -> [FloatTensor<Self>; 3] {
+        let dims = x.shape().to_vec();
+        let width = dims.last().copied().unwrap_or(1).max(1);
+        let rows = dims.iter().product::<usize>() / width;
+        let (x, p, b) = (contiguous(x), contiguous(p), contiguous(b));
+        let (gamma, beta) = (contiguous(gamma), contiguous(beta));
+        let client = x.client.clone();
+        let device = x.device.clone();
+        let r = empty::<R>(&client, &device, dims.clone());
+        let y = empty::<R>(&client, &device, dims);
+        let stats = empty::<R>(&client, &device, vec![rows, 2]);
+        let (k0, k1, threshold, scale) = rule.kernel_args();
+        // Each cube reads and writes its own row; the checked launch bounds every access.
+        bias_residual_norm::launch::<R>(
+            &client,
+            cubes(rows),
+            CubeDim::new_1d(CUBE),
+            x.into_array_arg(),
+            p.into_array_arg(),
+            b.into_array_arg(),
+            gamma.into_array_arg(),
+            beta.into_array_arg(),
+            r.clone().into_array_arg(),
+            y.clone().into_array_arg(),
+            stats.clone().into_array_arg(),
+            k0,
+            k1,
+            threshold,
+            scale,
+            width as u32,
+            rows as u32,
+            eps as f32,
+        );
+        [r, y, stats]
     }
 
     fn layer_norm_backward(
@@ -373,6 +493,26 @@ where
         (y, Saved { x, gamma, stats })
     }
 
+    fn bias_residual_norm(
+        rule: Rule,
+        x: FloatTensor<Self>,
+        p: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+    ) -> [FloatTensor<Self>; 3] {
+        let dims = x.shape.to_vec();
+        let rows = dims.iter().product::<usize>() / dims.last().copied().unwrap_or(1).max(1);
+        let outs = [(dims.clone(), DType::F32), (dims, DType::F32), (vec![rows, 2], DType::F32)];
+        in_stream::<B, _, 5, 3>(
+            "bias_residual_norm",
+            [x, p, b, gamma, beta],
+            outs,
+            move |[x, p, b, gamma, beta]| B::bias_residual_norm(rule, x, p, b, gamma, beta, eps),
+        )
+    }
+
     fn layer_norm_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
@@ -444,6 +584,27 @@ fn tracked<B: DeviceLayerNorm, const D: usize>(
         h.claim();
     }
     let y = device_op::tracked(LayerNorm { eps, handoff }, [float(x), float(gamma), float(beta)]);
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// The normalisation of `x` under autodiff whose forward already ran (`y` and its `stats`,
+/// from [`DeviceLayerNorm::bias_residual_norm`]): one node with the input, the scale and the
+/// shift as parents, as [`tracked`] makes, claiming `handoff` where given; no launch.
+pub fn tracked_from<B: DeviceLayerNorm, const D: usize>(
+    x: Tensor<Autodiff<B>, D>,
+    gamma: Tensor<Autodiff<B>, 1>,
+    beta: Tensor<Autodiff<B>, 1>,
+    eps: f64,
+    handoff: Option<&Handoff>,
+    [y, stats]: [FloatTensor<B>; 2],
+) -> Tensor<Autodiff<B>, D> {
+    let handoff = handoff.cloned();
+    if let Some(h) = &handoff {
+        h.claim();
+    }
+    let op = LayerNorm { eps, handoff };
+    let inputs = [float(x), float(gamma), float(beta)];
+    let y = device_op::tracked_with(op, inputs, |_, [x, gamma, _]| (y, Saved { x, gamma, stats }));
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
@@ -628,6 +789,73 @@ mod tests {
             }
             // Claimed but not offered: the residual registers it, the normalisation adds none.
             assert_eq!(run(true, false)[0], summed[0], "{name}: claimed, not offered");
+        }
+        check::<burn::backend::Wgpu>("wgpu");
+        check::<Fusion<burn::backend::Wgpu>>("fused wgpu");
+    }
+
+    /// The residual after a linear layer and the next normalisation's forward in one kernel
+    /// (`device_matmul::linear_residual_norm`) against the residual's operation then the
+    /// normalisation's: the residual's output, the normalised, and the gradients of the
+    /// residual's input, the layer's input, weight and bias, and the scale and shift under
+    /// weighted sums of both outputs, bit for bit, bare and fused.
+    #[test]
+    fn the_residual_with_the_next_normalisation_is_the_two_bit_for_bit() {
+        use crate::model::device_matmul::{linear_residual, linear_residual_norm};
+        use crate::model::dropout::{NextNorm, Rule};
+        type A<B> = Autodiff<B>;
+        fn check<B: crate::model::device_matmul::DeviceMatmul + DeviceLayerNorm>(name: &str) {
+            let device = Default::default();
+            B::seed(&device, 9);
+            let (rows, k, d) = (41, 20, 24);
+            let normal = |dims: [usize; 2]| {
+                Tensor::<B, 2>::random(dims, Distribution::Normal(0.0, 1.0), &device)
+            };
+            let (x, h, w) = (normal([rows, d]), normal([rows, k]), normal([k, d]));
+            let (dy, dn) = (normal([rows, d]), normal([rows, d]));
+            let [gamma, beta, b] = [0, 1, 2].map(|_| normal([1, d]).reshape([d]));
+            let rule = Rule::new(0x5eed, 0.8).times(0.5);
+            let bits = |t: Tensor<B, 2>| t.into_data().into_vec::<f32>().unwrap();
+            let bits1 = |t: Tensor<B, 1>| t.into_data().into_vec::<f32>().unwrap();
+            let run = |one: bool| {
+                let track2 =
+                    |t: &Tensor<B, 2>| Tensor::<A<B>, 2>::from_inner(t.clone()).require_grad();
+                let track1 =
+                    |t: &Tensor<B, 1>| Tensor::<A<B>, 1>::from_inner(t.clone()).require_grad();
+                let (xa, ha, wa) = (track2(&x), track2(&h), track2(&w));
+                let (ba, ga, bea) = (track1(&b), track1(&gamma), track1(&beta));
+                let [y, normed] = if one {
+                    let next =
+                        NextNorm { gamma: ga.clone(), beta: bea.clone(), eps: 1e-5, handoff: None };
+                    linear_residual_norm(xa.clone(), &ha, &wa, &ba, rule, None, next)
+                        .expect("a CubeCL type")
+                } else {
+                    let y = linear_residual(xa.clone(), &ha, &wa, &ba, rule, None)
+                        .expect("a CubeCL type");
+                    let normed = on_device(&y, &ga, Some(&bea), 1e-5, None).expect("a CubeCL type");
+                    [y, normed]
+                };
+                let loss = (y.clone() * Tensor::from_inner(dy.clone())).sum()
+                    + (normed.clone() * Tensor::from_inner(dn.clone())).sum();
+                let grads = loss.backward();
+                let g2 = |t: &Tensor<A<B>, 2>| bits(t.grad(&grads).expect("tracked"));
+                let g1 = |t: &Tensor<A<B>, 1>| bits1(t.grad(&grads).expect("tracked"));
+                [
+                    bits(y.inner()),
+                    bits(normed.inner()),
+                    g2(&xa),
+                    g2(&ha),
+                    g2(&wa),
+                    g1(&ba),
+                    g1(&ga),
+                    g1(&bea),
+                ]
+            };
+            let (one, two) = (run(true), run(false));
+            let what = ["output", "normalised", "x", "h", "w", "b", "gamma", "beta"];
+            for (k, what) in what.iter().enumerate() {
+                assert_eq!(one[k], two[k], "{name}: {what}");
+            }
         }
         check::<burn::backend::Wgpu>("wgpu");
         check::<Fusion<burn::backend::Wgpu>>("fused wgpu");

@@ -63,8 +63,9 @@ use cubek::std::InputBinding;
 use super::device_bias::DeviceBias;
 use super::device_dropout::DeviceDropout;
 use super::device_gates::{After, DeviceGates, Gate};
+use super::device_layer_norm::DeviceLayerNorm;
 use super::device_op::{self, contiguous, empty, on_cube_types, DeviceBackward, DeviceOp};
-use super::dropout::{Dropout, Rule};
+use super::dropout::{Dropout, NextNorm, Rule};
 use super::handoff::Handoff;
 use super::host_depthwise::{cast, float, same};
 pub use super::matmul_kernel::{chosen, Kernel};
@@ -237,7 +238,7 @@ fn report_stack_fallback(form: &'static str, why: &str) {
 
 /// The product with a chosen kernel, and a linear layer's bias with it: the backends that have
 /// them.
-pub trait DeviceMatmul: DeviceBias + DeviceDropout + DeviceGates {
+pub trait DeviceMatmul: DeviceBias + DeviceDropout + DeviceGates + DeviceLayerNorm {
     /// `a [m, k] · b [k, n]` (either may be a transposed view) with `kernel`, written in f32,
     /// or why it could not run. The operands are f32, or both of mixed precision's half type
     /// (`device_mixed`), which the kernel multiplies as they are, accumulating in f32.
@@ -377,6 +378,25 @@ pub trait DeviceMatmul: DeviceBias + DeviceDropout + DeviceGates {
     ) -> FloatTensor<Self> {
         let p = Self::linear_product(h, w, Form::Forward, kernel);
         Self::bias_residual_apply(rule, x, p, b)
+    }
+
+    /// [`Self::linear_residual_forward`], then the layer normalisation of its output by `gamma`
+    /// and `beta`: `[the residual's output, the normalised, the normalisation's stats]`, the
+    /// residual's kernel and the normalisation's forward one kernel
+    /// (`DeviceLayerNorm::bias_residual_norm`). Under fusion one operation of its stream.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_residual_norm_forward(
+        x: FloatTensor<Self>,
+        h: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        rule: Rule,
+        kernel: Kernel,
+        [gamma, beta]: [FloatTensor<Self>; 2],
+        eps: f64,
+    ) -> [FloatTensor<Self>; 3] {
+        let p = Self::linear_product(h, w, Form::Forward, kernel);
+        Self::bias_residual_norm(rule, x, p, b, gamma, beta, eps)
     }
 
     /// The gradients of [`Self::linear_residual_forward`]'s `h`, `w` and `b`, each where asked
@@ -809,6 +829,32 @@ where
             [B::linear_residual_forward(x, h, w, b, rule, kernel)]
         });
         y
+    }
+
+    /// The layer, the residual and the next normalisation's forward as one operation of
+    /// fusion's stream: 96 of the 0.6B step's operations were those normalisations' forwards
+    /// (bench/RESULTS.md, 2026-12-07).
+    fn linear_residual_norm_forward(
+        x: FloatTensor<Self>,
+        h: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        rule: Rule,
+        kernel: Kernel,
+        [gamma, beta]: [FloatTensor<Self>; 2],
+        eps: f64,
+    ) -> [FloatTensor<Self>; 3] {
+        let dims = x.shape.to_vec();
+        let rows = dims.iter().product::<usize>() / dims.last().copied().unwrap_or(1).max(1);
+        let outs = [(dims.clone(), DType::F32), (dims, DType::F32), (vec![rows, 2], DType::F32)];
+        in_stream::<B, _, 6, 3>(
+            "linear residual norm",
+            [x, h, w, b, gamma, beta],
+            outs,
+            move |[x, h, w, b, gamma, beta]| {
+                B::linear_residual_norm_forward(x, h, w, b, rule, kernel, [gamma, beta], eps)
+            },
+        )
     }
 
     fn linear_residual_grads(
@@ -1265,21 +1311,10 @@ pub fn linear_residual<B: Backend, const D: usize>(
     rule: Rule,
     handoff: Option<&Handoff>,
 ) -> Result<Tensor<B, D>, Tensor<B, D>> {
-    let f32s = [x.dtype(), h.dtype(), w.dtype(), b.dtype()].iter().all(|&t| t == DType::F32);
-    let ([i, o], [bo]) = (w.dims(), b.dims());
-    let (xd, hd) = (x.dims(), h.dims());
-    let fits = D >= 2
-        && hd[D - 1] == i
-        && o == bo
-        && xd[D - 1] == o
-        && xd[..D - 1] == hd[..D - 1]
-        && x.shape().num_elements() <= u32::MAX as usize;
-    if !f32s || !fits {
+    if !residual_fits(&x, h, w, b) {
         return Err(x);
     }
-    // Handed over only where the receiver's forward claimed it (see `handoff`).
-    let handoff = handoff.filter(|h| h.claimed()).cloned();
-    let op = LinearResidual { kernel: chosen(), rule, handoff };
+    let op = LinearResidual { kernel: chosen(), rule, handoff: claimed(handoff) };
     on_cube_types!(
         B,
         T,
@@ -1294,6 +1329,94 @@ pub fn linear_residual<B: Backend, const D: usize>(
         { Err(x) }
     );
     Err(x)
+}
+
+/// [`linear_residual`], then the layer normalisation `next` of its output, that normalisation's
+/// forward inside the residual's kernel (`DeviceLayerNorm::bias_residual_norm`): `[the
+/// residual's output, the normalised]`, two nodes (the normalisation's made by
+/// `device_layer_norm::tracked_from`, claiming `next.handoff`), where [`linear_residual`] would
+/// run and `next`'s scale and shift are f32 `[out]`; `x` given back elsewhere.
+pub fn linear_residual_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    h: &Tensor<B, D>,
+    w: &Tensor<B, 2>,
+    b: &Tensor<B, 1>,
+    rule: Rule,
+    handoff: Option<&Handoff>,
+    next: NextNorm<'_, B>,
+) -> Result<[Tensor<B, D>; 2], Tensor<B, D>> {
+    let [o] = b.dims();
+    let norm_fits =
+        [&next.gamma, &next.beta].iter().all(|t| t.dims() == [o] && t.dtype() == DType::F32);
+    if !norm_fits || !residual_fits(&x, h, w, b) {
+        return Err(x);
+    }
+    let op = LinearResidual { kernel: chosen(), rule, handoff: claimed(handoff) };
+    on_cube_types!(
+        B,
+        T,
+        {
+            type A = Autodiff<T>;
+            let x = float(same::<_, Tensor<A, D>>(x));
+            let h = float(same::<_, Tensor<A, D>>(h.clone()));
+            let w = float(same::<_, Tensor<A, 2>>(w.clone()));
+            let b = float(same::<_, Tensor<A, 1>>(b.clone()));
+            let gamma = same::<_, Tensor<A, 1>>(next.gamma);
+            let beta = same::<_, Tensor<A, 1>>(next.beta);
+            let norm = [float(gamma.clone().inner()), float(beta.clone().inner())];
+            let eps = next.eps;
+            let (y, normed) = device_op::tracked_with_more(op, [x, h, w, b], |op, [x, h, w, b]| {
+                let (rule, kernel) = (op.rule, op.kernel);
+                let [y, normed, stats] = T::linear_residual_norm_forward(
+                    x,
+                    h.clone(),
+                    w.clone(),
+                    b,
+                    rule,
+                    kernel,
+                    norm,
+                    eps,
+                );
+                (y, (h, w), [normed, stats])
+            });
+            let y = Tensor::<A, D>::from_primitive(TensorPrimitive::Float(y));
+            let normed = super::device_layer_norm::tracked_from::<T, D>(
+                y.clone(),
+                gamma,
+                beta,
+                eps,
+                next.handoff,
+                normed,
+            );
+            Ok([same(y), same(normed)])
+        },
+        { Err(x) }
+    );
+    Err(x)
+}
+
+/// Whether [`linear_residual`] takes these: f32, `h` `[.., in]`, `w` `[in, out]`, `b` `[out]`,
+/// `x` `[.., out]` with `h`'s leading axes, under `2^32` elements.
+fn residual_fits<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
+    h: &Tensor<B, D>,
+    w: &Tensor<B, 2>,
+    b: &Tensor<B, 1>,
+) -> bool {
+    let f32s = [x.dtype(), h.dtype(), w.dtype(), b.dtype()].iter().all(|&t| t == DType::F32);
+    let ([i, o], [bo]) = (w.dims(), b.dims());
+    let (xd, hd) = (x.dims(), h.dims());
+    f32s && D >= 2
+        && hd[D - 1] == i
+        && o == bo
+        && xd[D - 1] == o
+        && xd[..D - 1] == hd[..D - 1]
+        && x.shape().num_elements() <= u32::MAX as usize
+}
+
+/// `handoff` where a receiver claimed it: only then is the gradient handed over (`handoff`).
+fn claimed(handoff: Option<&Handoff>) -> Option<Handoff> {
+    handoff.filter(|h| h.claimed()).cloned()
 }
 
 /// What follows the gate of [`linear_gated`]: a dropout (drawn inside, where

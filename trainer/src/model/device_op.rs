@@ -256,15 +256,34 @@ where
     O: DeviceBackward<B, N>,
     F: FnOnce(&O, [FloatTensor<B>; N]) -> (FloatTensor<B>, O::Saved),
 {
+    let (y, ()) = tracked_with_more(op, inputs, |op, x| {
+        let (y, saved) = forward(op, x);
+        (y, saved, ())
+    });
+    y
+}
+
+/// [`tracked_with`] whose forward also makes tensors that are not the node's output (`more`:
+/// the next operation's, computed in the same kernel), returned beside it.
+pub fn tracked_with_more<B, O, F, M, const N: usize>(
+    op: O,
+    inputs: [FloatTensor<Autodiff<B>>; N],
+    forward: F,
+) -> (FloatTensor<Autodiff<B>>, M)
+where
+    B: Backend,
+    O: DeviceBackward<B, N>,
+    F: FnOnce(&O, [FloatTensor<B>; N]) -> (FloatTensor<B>, O::Saved, M),
+{
     let parents = inputs.each_ref().map(|t| t.node.clone());
     let counts = inputs.each_ref().map(|t| t.rc.clone());
-    let (y, saved) = forward(&op, inputs.map(|t| t.primitive));
+    let (y, saved, more) = forward(&op, inputs.map(|t| t.primitive));
     let y = match OpBackward(op).prepare::<NoCheckpointing>(parents).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(saved, y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
     drop(counts);
-    y
+    (y, more)
 }
 
 /// `op` under autodiff: its forward, and one node with the inputs as parents

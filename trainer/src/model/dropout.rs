@@ -32,6 +32,7 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, TensorData};
 use rayon::prelude::*;
 
+use super::handoff::Handoff;
 use super::precision::Precision;
 
 /// Elements per parallel task at least: large enough that a task outweighs its scheduling.
@@ -119,6 +120,11 @@ impl Dropout {
     /// `handoff`: where the layer normalisation reading `x` claimed it, the one operation hands
     /// `x`'s gradient to that normalisation's backward instead of autodiff's sum
     /// (`model::handoff`).
+    ///
+    /// `next`: the layer normalisation of the output, which the one operation runs in its
+    /// residual's kernel (`device_matmul::linear_residual_norm`), returning it beside the
+    /// output; `None` beside it where the caller must run it.
+    #[allow(clippy::too_many_arguments)]
     pub fn residual_linear<B: Backend, const D: usize>(
         &self,
         x: Tensor<B, D>,
@@ -126,23 +132,34 @@ impl Dropout {
         h: Tensor<B, D>,
         factor: f32,
         p: Precision,
-        handoff: Option<&super::handoff::Handoff>,
-    ) -> Tensor<B, D> {
+        handoff: Option<&Handoff>,
+        next: Option<NextNorm<'_, B>>,
+    ) -> (Tensor<B, D>, Option<Tensor<B, D>>) {
         let rule = self.draw::<B>(&x.device());
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let x = match (rule, &layer.bias, p.compute()) {
             (Some(r), Some(b), None) => {
+                use super::device_matmul::{linear_residual, linear_residual_norm};
                 let (w, b) = (layer.weight.val(), b.val());
                 let rule = r.times(factor);
-                match super::device_matmul::linear_residual(x, &h, &w, &b, rule, handoff) {
-                    Ok(y) => return y,
+                let x = match next {
+                    Some(next) => match linear_residual_norm(x, &h, &w, &b, rule, handoff, next) {
+                        Ok([y, normed]) => return (y, Some(normed)),
+                        Err(x) => x,
+                    },
+                    None => x,
+                };
+                match linear_residual(x, &h, &w, &b, rule, handoff) {
+                    Ok(y) => return (y, None),
                     Err(x) => x,
                 }
             }
             _ => x,
         };
-        let _ = handoff;
-        self.residual_drawn(rule, x, p.linear(layer, h), factor)
+        // Without the CubeCL backends neither is read.
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let _ = (handoff, next);
+        (self.residual_drawn(rule, x, p.linear(layer, h), factor), None)
     }
 
     /// The residual connection `x + factor * dropout(f)` with its mask's `rule` drawn (`None`:
@@ -172,6 +189,20 @@ impl Dropout {
         };
         x + f.clone().random_like(Distribution::Bernoulli(keep)) * f * (factor as f64 / keep)
     }
+}
+
+/// The layer normalisation right after a residual connection
+/// ([`Dropout::residual_linear`]'s `next`): its scale and shift, its epsilon, and the handoff it
+/// claims for its input's gradient (`model::handoff`).
+pub struct NextNorm<'a, B: Backend> {
+    /// The scale, `[out]`.
+    pub gamma: Tensor<B, 1>,
+    /// The shift, `[out]`.
+    pub beta: Tensor<B, 1>,
+    /// Added to the variance.
+    pub eps: f64,
+    /// Claimed in the normalisation's forward, where given.
+    pub handoff: Option<&'a Handoff>,
 }
 
 /// Which elements one dropout call keeps, and their factor.
@@ -411,7 +442,8 @@ mod tests {
             // Against the unfused form from the same point of the stream: the same bits (a
             // power-of-two factor scales exactly), forward and backward.
             seed_stream(9);
-            let fused = dropout.residual_linear(x.clone(), &layer, h.clone(), factor, F32, None);
+            let (fused, _) =
+                dropout.residual_linear(x.clone(), &layer, h.clone(), factor, F32, None, None);
             let gf = (fused.clone() * weights.clone()).sum().backward();
             seed_stream(9);
             let f = F32.linear(&layer, h.clone());
@@ -426,7 +458,7 @@ mod tests {
         // Evaluation: the plain sum.
         let bare = |k| Tensor::<NdArray, 2>::from_data(data(k), &device);
         let layer = layer.valid();
-        let eval = dropout.residual_linear(bare(3), &layer, bare(5), 0.5, F32, None);
+        let (eval, _) = dropout.residual_linear(bare(3), &layer, bare(5), 0.5, F32, None, None);
         let want = bare(3) + F32.linear(&layer, bare(5)).mul_scalar(0.5);
         assert_eq!(
             eval.into_data().to_vec::<f32>().unwrap(),

@@ -8,7 +8,7 @@ use burn::tensor::activation::{glu, silu, softmax};
 
 use super::config::EncoderConfig;
 use super::conv::{relu, Conv3x3S2, DepthwiseConv1d};
-use super::dropout::Dropout;
+use super::dropout::{Dropout, NextNorm};
 use super::handoff::Handoff;
 use super::host_reshape::Reshaped;
 use super::precision::Precision;
@@ -40,6 +40,38 @@ fn layer_norm<B: Backend, const D: usize>(
     }
     let _ = handoff;
     norm.forward(x)
+}
+
+/// The residual connection after `layer` of `h` (`Dropout::residual_linear`, handing `x`'s
+/// gradient over `link[at]`), then `norm` of its output, claiming `link[at + 1]` where there is
+/// one: `(the residual's output, the normalised)`. The normalisation's forward runs in the
+/// residual's kernel where both are device operations, else on its own ([`layer_norm`]).
+#[allow(clippy::too_many_arguments)]
+fn residual_then_norm<B: Backend>(
+    d: &Dropout,
+    x: Tensor<B, 3>,
+    layer: &Linear<B>,
+    h: Tensor<B, 3>,
+    factor: f32,
+    p: Precision,
+    link: &[Handoff; 4],
+    at: usize,
+    norm: &LayerNorm<B>,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let handoff = link.get(at + 1);
+    let next = norm.beta.as_ref().map(|beta| NextNorm {
+        gamma: norm.gamma.val(),
+        beta: beta.val(),
+        eps: LAYER_NORM_EPS,
+        handoff,
+    });
+    match d.residual_linear(x, layer, h, factor, p, link.get(at), next) {
+        (x, Some(normed)) => (x, normed),
+        (x, None) => {
+            let normed = layer_norm(norm, x.clone(), handoff);
+            (x, normed)
+        }
+    }
 }
 
 /// Output length of one stride-2, kernel-3, padding-1 stage.
@@ -569,18 +601,21 @@ impl<B: Backend> ConformerLayer<B> {
         // layer that ends its branch: one operation each way on the CubeCL backends in f32
         // (`Dropout::residual_linear`), which hands its input's gradient to the backward of
         // the layer normalisation reading the same input (`handoff`).
+        // The normalisation after each residual runs in the residual's kernel where both are
+        // on the device (`residual_then_norm`).
         let d = &self.dropout;
         let link = [0; 4].map(|_| Handoff::new());
         let h = self.ff1.hidden(layer_norm(&self.norm_ff1, x.clone(), Some(&link[0])), p);
-        let x = d.residual_linear(x, &self.ff1.down, h, 0.5, p, Some(&link[0]));
-        let normed = layer_norm(&self.norm_att, x.clone(), Some(&link[1]));
+        let (x, normed) =
+            residual_then_norm(d, x, &self.ff1.down, h, 0.5, p, &link, 0, &self.norm_att);
         let h = self.att.context(normed, pos, pad, &keep, p);
-        let x = d.residual_linear(x, &self.att.out, h, 1.0, p, Some(&link[1]));
-        let h = self.conv.hidden(layer_norm(&self.norm_conv, x.clone(), Some(&link[2])), keep, p);
-        let x = d.residual_linear(x, &self.conv.pointwise2, h, 1.0, p, Some(&link[2]));
-        let h = self.ff2.hidden(layer_norm(&self.norm_ff2, x.clone(), Some(&link[3])), p);
-        let x = d.residual_linear(x, &self.ff2.down, h, 0.5, p, Some(&link[3]));
-        layer_norm(&self.norm_out, x, None)
+        let (x, normed) =
+            residual_then_norm(d, x, &self.att.out, h, 1.0, p, &link, 1, &self.norm_conv);
+        let h = self.conv.hidden(normed, keep, p);
+        let (x, normed) =
+            residual_then_norm(d, x, &self.conv.pointwise2, h, 1.0, p, &link, 2, &self.norm_ff2);
+        let h = self.ff2.hidden(normed, p);
+        residual_then_norm(d, x, &self.ff2.down, h, 0.5, p, &link, 3, &self.norm_out).1
     }
 }
 
