@@ -579,11 +579,8 @@ fn tracked<B: DeviceLayerNorm, const D: usize>(
     eps: f64,
     handoff: Option<&Handoff>,
 ) -> Tensor<Autodiff<B>, D> {
-    let handoff = handoff.cloned();
-    if let Some(h) = &handoff {
-        h.claim();
-    }
-    let y = device_op::tracked(LayerNorm { eps, handoff }, [float(x), float(gamma), float(beta)]);
+    let op = LayerNorm { eps, handoff: Handoff::receive(handoff) };
+    let y = device_op::tracked(op, [float(x), float(gamma), float(beta)]);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
@@ -598,11 +595,7 @@ pub fn tracked_from<B: DeviceLayerNorm, const D: usize>(
     handoff: Option<&Handoff>,
     [y, stats]: [FloatTensor<B>; 2],
 ) -> Tensor<Autodiff<B>, D> {
-    let handoff = handoff.cloned();
-    if let Some(h) = &handoff {
-        h.claim();
-    }
-    let op = LayerNorm { eps, handoff };
+    let op = LayerNorm { eps, handoff: Handoff::receive(handoff) };
     let inputs = [float(x), float(gamma), float(beta)];
     let y = device_op::tracked_with(op, inputs, |_, [x, gamma, _]| (y, Saved { x, gamma, stats }));
     Tensor::from_primitive(TensorPrimitive::Float(y))

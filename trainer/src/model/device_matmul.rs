@@ -1314,7 +1314,7 @@ pub fn linear_residual<B: Backend, const D: usize>(
     if !residual_fits(&x, h, w, b) {
         return Err(x);
     }
-    let op = LinearResidual { kernel: chosen(), rule, handoff: claimed(handoff) };
+    let op = LinearResidual { kernel: chosen(), rule, handoff: Handoff::offered(handoff) };
     on_cube_types!(
         B,
         T,
@@ -1351,7 +1351,7 @@ pub fn linear_residual_norm<B: Backend, const D: usize>(
     if !norm_fits || !residual_fits(&x, h, w, b) {
         return Err(x);
     }
-    let op = LinearResidual { kernel: chosen(), rule, handoff: claimed(handoff) };
+    let op = LinearResidual { kernel: chosen(), rule, handoff: Handoff::offered(handoff) };
     on_cube_types!(
         B,
         T,
@@ -1412,11 +1412,6 @@ fn residual_fits<B: Backend, const D: usize>(
         && xd[D - 1] == o
         && xd[..D - 1] == hd[..D - 1]
         && x.shape().num_elements() <= u32::MAX as usize
-}
-
-/// `handoff` where a receiver claimed it: only then is the gradient handed over (`handoff`).
-fn claimed(handoff: Option<&Handoff>) -> Option<Handoff> {
-    handoff.filter(|h| h.claimed()).cloned()
 }
 
 /// What follows the gate of [`linear_gated`]: a dropout (drawn inside, where

@@ -636,30 +636,52 @@ mod tests {
     /// the three biases, `u` and `v` under a weighted sum of the heads.
     type Results<B> = ([Tensor<B, 4>; 4], Vec<Tensor<B, 1>>);
 
-    /// The heads of random inputs (`b` utterances of `t` frames, `heads` heads of `dk`) and
-    /// the gradients, by this module's group (`grouped`) or by each projection and its split
-    /// (`device_matmul::linear` without its bias, then `device_heads::split` adding it: the
-    /// encoder's form before the group), on `B` under autodiff.
-    fn run<B: DeviceQkv>(grouped: bool, b: usize, t: usize, heads: usize, dk: usize) -> Results<B> {
-        type A<B> = Autodiff<B>;
+    /// Random inputs for `b` utterances of `t` frames, `heads` heads of `dk`: the input, the
+    /// three weights and biases, `u` and `v`, and the heads' weights in the loss. Drawn once
+    /// for both forms: the tests beside this one draw from the same device's generator.
+    struct Inputs<B: Backend> {
+        x: Tensor<B, 3>,
+        w: [Tensor<B, 2>; 3],
+        b: [Tensor<B, 1>; 3],
+        pos: [Tensor<B, 2>; 2],
+        weights: [Tensor<B, 4>; 4],
+        heads: usize,
+    }
+
+    fn inputs<B: Backend>(b: usize, t: usize, heads: usize, dk: usize) -> Inputs<B> {
         let device = Default::default();
         B::seed(&device, 5);
         let d = heads * dk;
-        let normal = |dims: [usize; 2]| {
-            Tensor::<A<B>, 2>::random(dims, Distribution::Normal(0.0, 1.0), &device).require_grad()
-        };
-        let x = Tensor::<A<B>, 3>::random([b, t, d], Distribution::Normal(0.0, 1.0), &device)
-            .require_grad();
+        let normal = Distribution::Normal(0.0, 1.0);
+        Inputs {
+            x: Tensor::random([b, t, d], normal, &device),
+            w: [0, 1, 2].map(|_| Tensor::random([d, d], normal, &device)),
+            b: [0, 1, 2].map(|_| Tensor::random([d], normal, &device)),
+            pos: [0, 1].map(|_| Tensor::random([heads, dk], normal, &device)),
+            weights: [0, 1, 2, 3].map(|_| Tensor::random([b, heads, t, dk], normal, &device)),
+            heads,
+        }
+    }
+
+    /// The heads of `inputs` and the gradients, by this module's group (`grouped`) or by each
+    /// projection and its split (`device_matmul::linear` without its bias, then
+    /// `device_heads::split` adding it: the encoder's form before the group), on `B` under
+    /// autodiff.
+    fn run<B: DeviceQkv>(grouped: bool, inputs: &Inputs<B>) -> Results<B> {
+        type A<B> = Autodiff<B>;
+        let device = Default::default();
+        let heads = inputs.heads;
+        let [_, _, d] = inputs.x.dims();
+        let x = Tensor::<A<B>, 3>::from_inner(inputs.x.clone()).require_grad();
         let mut layers = [0, 1, 2].map(|_| LinearConfig::new(d, d).init::<A<B>>(&device));
-        for layer in &mut layers {
-            layer.weight = burn::module::Param::from_tensor(normal([d, d]));
-            let bias = normal([1, d]).reshape([d]).detach().require_grad();
+        for (k, layer) in layers.iter_mut().enumerate() {
+            let w = Tensor::from_inner(inputs.w[k].clone()).require_grad();
+            layer.weight = burn::module::Param::from_tensor(w);
+            let bias = Tensor::from_inner(inputs.b[k].clone()).require_grad();
             layer.bias = Some(burn::module::Param::from_tensor(bias));
         }
-        let [pu, pv] = [0, 1].map(|_| normal([heads, dk]));
-        let weights = [0, 1, 2, 3].map(|_| {
-            Tensor::<A<B>, 4>::random([b, heads, t, dk], Distribution::Normal(0.0, 1.0), &device)
-        });
+        let [pu, pv] = inputs.pos.clone().map(|p| Tensor::<A<B>, 2>::from_inner(p).require_grad());
+        let weights = inputs.weights.clone().map(Tensor::<A<B>, 4>::from_inner);
         let out = if grouped {
             let layers = [&layers[0], &layers[1], &layers[2]];
             project_heads(&x, layers, [pu.clone(), pv.clone()], heads).expect("wgpu takes it")
@@ -700,9 +722,9 @@ mod tests {
     /// the same products) within a bound. Returns the input's and the weights' largest
     /// differences.
     fn against_the_projections<B: DeviceQkv>(name: &str, b: usize, t: usize) -> [f32; 2] {
-        let (heads, dk) = (4, 8);
-        let (grouped, grouped_grads) = run::<B>(true, b, t, heads, dk);
-        let (apart, apart_grads) = run::<B>(false, b, t, heads, dk);
+        let inputs = inputs::<B>(b, t, 4, 8);
+        let (grouped, grouped_grads) = run::<B>(true, &inputs);
+        let (apart, apart_grads) = run::<B>(false, &inputs);
         for (k, (g, a)) in grouped.iter().zip(&apart).enumerate() {
             assert_eq!(bits(g), bits(a), "{name}: head {k}");
         }

@@ -68,6 +68,21 @@ impl Handoff {
         self.lock().claimed
     }
 
+    /// The receiver's side, in its forward: `handoff` claimed, and kept for its backward.
+    pub fn receive(handoff: Option<&Handoff>) -> Option<Handoff> {
+        let handoff = handoff.cloned();
+        if let Some(h) = &handoff {
+            h.claim();
+        }
+        handoff
+    }
+
+    /// The giver's side, in its forward: `handoff` kept for its backward where a receiver
+    /// claimed it; `None` (autodiff sums the gradient) elsewhere.
+    pub fn offered(handoff: Option<&Handoff>) -> Option<Handoff> {
+        handoff.filter(|h| h.claimed()).cloned()
+    }
+
     /// Leaves `grad` for the receiver.
     pub fn give<T: Any + Send>(&self, grad: T) {
         self.lock().grad = Some(Box::new(grad));
@@ -114,5 +129,18 @@ mod tests {
         assert_eq!(receiver.take::<Vec<f32>>(), Some(vec![1.0, 2.0]));
         assert_eq!(receiver.take::<Vec<f32>>(), None, "taken once");
         assert_eq!(format!("{receiver:?}"), "Handoff { claimed: true, holding: false }");
+    }
+
+    #[test]
+    fn a_giver_is_offered_only_a_handoff_a_receiver_claimed() {
+        let handoff = Handoff::new();
+        assert!(Handoff::offered(Some(&handoff)).is_none(), "not claimed yet");
+        assert!(Handoff::offered(None).is_none());
+        assert!(Handoff::receive(None).is_none());
+        let kept = Handoff::receive(Some(&handoff)).expect("kept by the receiver");
+        assert!(kept.claimed());
+        let offered = Handoff::offered(Some(&handoff)).expect("claimed");
+        offered.give(3u8);
+        assert_eq!(kept.take::<u8>(), Some(3));
     }
 }
