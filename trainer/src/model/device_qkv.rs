@@ -498,9 +498,9 @@ impl<B: DeviceQkv> Backward<B, PARENTS> for Member {
         let mut pending = ops.state.lock().unwrap_or_else(|e| e.into_inner());
         pending.grads[self.index] = Some(dy);
         // The last of the four nodes to run takes every gradient; the others leave theirs.
-        let [Some(_), Some(_), Some(_), Some(_)] = &pending.grads else {
+        if pending.grads.iter().any(Option::is_none) {
             return;
-        };
+        }
         let (Some((x, w)), [Some(g_qu), Some(g_qv), Some(g_k), Some(g_v)]) =
             (pending.saved.take(), std::mem::take(&mut pending.grads))
         else {
@@ -579,48 +579,52 @@ pub fn project_heads<B: Backend>(
         return None;
     }
     let kernel = chosen();
-    let [wq, wk, wv] = weights;
-    let [pu, pv] = pos;
+    let inputs = (x, weights, [bq, bk, bv], pos);
     on_cube_types!(
         B,
         T,
         {
-            type A = Autodiff<T>;
-            let inputs = [
-                float(cast::<_, Tensor<A, 3>>(x.clone())?),
-                float(cast::<_, Tensor<A, 2>>(wq)?),
-                float(cast::<_, Tensor<A, 2>>(wk)?),
-                float(cast::<_, Tensor<A, 2>>(wv)?),
-                float(cast::<_, Tensor<A, 1>>(bq)?),
-                float(cast::<_, Tensor<A, 1>>(bk)?),
-                float(cast::<_, Tensor<A, 1>>(bv)?),
-                float(cast::<_, Tensor<A, 2>>(pu)?),
-                float(cast::<_, Tensor<A, 2>>(pv)?),
-            ];
-            let out = tracked::<T>(inputs, heads, kernel);
-            let tensor = |y| cast(Tensor::<A, 4>::from_primitive(TensorPrimitive::Float(y)));
-            let [q_u, q_v, k, v] = out;
-            Some([tensor(q_u)?, tensor(q_v)?, tensor(k)?, tensor(v)?])
+            heads_of::<Autodiff<T>, B>(tracked::<T>(
+                primitives::<B, Autodiff<T>>(inputs)?,
+                heads,
+                kernel,
+            ))
         },
         {
-            let x = float(cast::<_, Tensor<T, 3>>(x.clone())?);
-            let w = [
-                float(cast::<_, Tensor<T, 2>>(wq)?),
-                float(cast::<_, Tensor<T, 2>>(wk)?),
-                float(cast::<_, Tensor<T, 2>>(wv)?),
-            ];
-            let b = [
-                float(cast::<_, Tensor<T, 1>>(bq)?),
-                float(cast::<_, Tensor<T, 1>>(bk)?),
-                float(cast::<_, Tensor<T, 1>>(bv)?),
-            ];
-            let pos = [float(cast::<_, Tensor<T, 2>>(pu)?), float(cast::<_, Tensor<T, 2>>(pv)?)];
-            let [q_u, q_v, k, v, _] = T::qkv_forward(x, w, b, pos, heads, kernel);
-            let tensor = |y| cast(Tensor::<T, 4>::from_primitive(TensorPrimitive::Float(y)));
-            Some([tensor(q_u)?, tensor(q_v)?, tensor(k)?, tensor(v)?])
+            let [x, wq, wk, wv, bq, bk, bv, pu, pv] = primitives::<B, T>(inputs)?;
+            let [q_u, q_v, k, v, _] =
+                T::qkv_forward(x, [wq, wk, wv], [bq, bk, bv], [pu, pv], heads, kernel);
+            heads_of::<T, B>([q_u, q_v, k, v])
         }
     );
     None
+}
+
+/// The group's inputs (the input, the three weights, the three biases, `u` and `v`) as `C`'s
+/// primitives in [`PARENTS`]' order, `C` being `B` itself (a branch of `on_cube_types`);
+/// `None` elsewhere.
+#[allow(clippy::type_complexity)]
+fn primitives<B: Backend, C: Backend>(
+    (x, [wq, wk, wv], [bq, bk, bv], [pu, pv]): (
+        &Tensor<B, 3>,
+        [Tensor<B, 2>; 3],
+        [Tensor<B, 1>; 3],
+        [Tensor<B, 2>; 2],
+    ),
+) -> Option<[FloatTensor<C>; PARENTS]> {
+    let two = |t: Tensor<B, 2>| cast::<_, Tensor<C, 2>>(t).map(float);
+    let one = |t: Tensor<B, 1>| cast::<_, Tensor<C, 1>>(t).map(float);
+    let x = float(cast::<_, Tensor<C, 3>>(x.clone())?);
+    Some([x, two(wq)?, two(wk)?, two(wv)?, one(bq)?, one(bk)?, one(bv)?, two(pu)?, two(pv)?])
+}
+
+/// The group's outputs, `C`'s primitives, as `B`'s tensors (`C` being `B`); `None` elsewhere.
+fn heads_of<C: Backend, B: Backend>(
+    y: [FloatTensor<C>; OUTPUTS],
+) -> Option<[Tensor<B, 4>; OUTPUTS]> {
+    let tensor = |y| cast(Tensor::<C, 4>::from_primitive(TensorPrimitive::Float(y)));
+    let [q_u, q_v, k, v] = y;
+    Some([tensor(q_u)?, tensor(q_v)?, tensor(k)?, tensor(v)?])
 }
 
 #[cfg(test)]
