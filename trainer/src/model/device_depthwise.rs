@@ -7,10 +7,11 @@
 //! zero-filled copy per tap for the views and the weight's rows. On lavapipe that was the
 //! largest share of a Conformer layer's launches after the optimizer (bench/RESULTS.md, "A GPU
 //! step's launches cut"), and a GPU step is bound by the host's cost per operation. Here it is
-//! one kernel forward, and backward one kernel for the input's gradient and one for the
-//! weight's and bias's gradients: up to 4,096 rows (frames of all utterances) a cube per tap and
-//! 8 channels whose lanes split the rows (`depthwise_params_lanes`, as `device_sum`'s
-//! `sum_lanes`), more rows partial sums over blocks of rows and `device_sum`'s sum over the
+//! one kernel forward, and one backward up to 4,096 rows (frames of all utterances): cubes of
+//! two kinds side by side, a unit per element of the input's gradient, and a cube per tap and
+//! 8 channels whose lanes split the rows for the weight's and bias's gradients
+//! (`depthwise_backward_lanes`, as `device_sum`'s `sum_lanes`). More rows take three launches:
+//! the input's gradient, partial sums over blocks of rows, and `device_sum`'s sum over the
 //! blocks.
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
@@ -75,7 +76,40 @@ pub fn depthwise_forward(
     }
 }
 
-/// One unit per element of `dx` `[B, T, C]`: `dx[b, s, c] = sum_j w[j, c] dy[b, s - j + K/2, c]`.
+/// Element `pos` of the input's gradient `dx` `[B, T, C]`,
+/// `dx[b, s, c] = sum_j w[j, c] dy[b, s - j + K/2, c]`: the body of both kernels that write it,
+/// so they give the same bits.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn input_unit(
+    dy: &Array<f32>,
+    weight: &Array<f32>,
+    dx: &mut Array<f32>,
+    pos: u32,
+    frames: u32,
+    channels: u32,
+    taps: u32,
+) {
+    let c = pos % channels;
+    let row = pos / channels;
+    let s = row % frames;
+    let first = row - s;
+    let half = taps / 2;
+    let mut acc = 0.0f32;
+    for j in 0..taps {
+        // Output frame `s + half - j`, in range when `j <= s + half < frames + j`.
+        let u = s + half;
+        if u >= j && u < frames + j {
+            let at = ((first + u - j) * channels + c) as usize;
+            acc += dy[at] * weight[(j * channels + c) as usize];
+        }
+    }
+    dx[pos as usize] = acc;
+}
+
+/// One unit per element of `dx` `[B, T, C]` ([`input_unit`]). Used past
+/// `device_sum::in_lanes`' rows, where the parameters' gradients are summed by blocks of rows
+/// ([`depthwise_backward_params`]).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn depthwise_backward_input(
@@ -89,21 +123,7 @@ pub fn depthwise_backward_input(
 ) {
     let pos = unit_index();
     if pos < units {
-        let c = pos % channels;
-        let row = pos / channels;
-        let s = row % frames;
-        let first = row - s;
-        let half = taps / 2;
-        let mut acc = 0.0f32;
-        for j in 0..taps {
-            // Output frame `s + half - j`, in range when `j <= s + half < frames + j`.
-            let u = s + half;
-            if u >= j && u < frames + j {
-                let at = ((first + u - j) * channels + c) as usize;
-                acc += dy[at] * weight[(j * channels + c) as usize];
-            }
-        }
-        dx[pos as usize] = acc;
+        input_unit(dy, weight, dx, pos, frames, channels, taps);
     }
 }
 
@@ -167,34 +187,50 @@ pub fn depthwise_backward_params(
     }
 }
 
-/// One cube per `(tap or bias, block of LANE_COLS channels)`: each unit sums, over every
-/// `lanes`-th row, the weight's gradient term of tap `j < K` (`dy` times the input `j - K/2`
-/// frames away) or, at `j = K`, the bias's (`dy`); the cube adds its lanes ([`lanes_sum`]) and
-/// writes `sums[j, channel]` of `[K + 1, C]`. Every unit reaches every barrier.
+/// The whole backward in one launch, two kinds of cube side by side (they read the same inputs
+/// and write different outputs, so none waits for another): the first `input_cubes` a unit per
+/// element of the input's gradient ([`input_unit`]); then one cube per `(tap or bias, block of
+/// LANE_COLS channels)`, each unit summing, over every `lanes`-th row, the weight's gradient
+/// term of tap `j < K` (`dy` times the input `j - K/2` frames away) or, at `j = K`, the bias's
+/// (`dy`), the cube adding its lanes ([`lanes_sum_to`]) and writing `sums[j, channel]` of
+/// `[K + 1, C]`. Every unit of a parameters' cube reaches every barrier. Used up to
+/// `device_sum::in_lanes`' rows.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn depthwise_params_lanes(
+pub fn depthwise_backward_lanes(
     x: &Array<f32>,
     dy: &Array<f32>,
+    weight: &Array<f32>,
+    dx: &mut Array<f32>,
     sums: &mut Array<f32>,
     rows: u32,
     frames: u32,
     channels: u32,
     taps: u32,
     blocks: u32,
+    input_cubes: u32,
 ) {
     let cube = cube_index();
-    let j = cube / blocks;
-    let c = (cube % blocks) * LANE_COLS + UNIT_POS % LANE_COLS;
-    let lane = UNIT_POS / LANE_COLS;
-    let inside = j <= taps && c < channels;
-    let mut acc = 0.0f32;
-    if inside {
-        for row in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
-            acc += param_term(x, dy, row, frames, channels, c, j, taps);
+    // Which kind a cube is depends on its index only: the barriers stay uniform in each cube.
+    if cube < input_cubes {
+        let pos = cube * CUBE_DIM + UNIT_POS;
+        if pos < rows * channels {
+            input_unit(dy, weight, dx, pos, frames, channels, taps);
         }
+    } else {
+        let cube = cube - input_cubes;
+        let j = cube / blocks;
+        let c = (cube % blocks) * LANE_COLS + UNIT_POS % LANE_COLS;
+        let lane = UNIT_POS / LANE_COLS;
+        let inside = j <= taps && c < channels;
+        let mut acc = 0.0f32;
+        if inside {
+            for row in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
+                acc += param_term(x, dy, row, frames, channels, c, j, taps);
+            }
+        }
+        lanes_sum_to(sums, j * channels + c, inside, acc);
     }
-    lanes_sum_to(sums, j * channels + c, inside, acc);
 }
 
 /// What the forward keeps for the backward: the input and the weight.
@@ -273,6 +309,33 @@ where
         let device = dy.device.clone();
         let dx = empty::<R>(&client, &device, vec![b, t, c]);
         let units = b * t * c;
+        let rows = b * t;
+        if rows > 0 && in_lanes(rows) {
+            // One launch, not two (the input's gradient, then the parameters' sums; before that
+            // three, with the partial sums' sum): 24 of the step's launches at 24 layers
+            // (bench/RESULTS.md, 2026-12-07, "The backward's independent kernels").
+            let blocks = c.div_ceil(LANE_COLS as usize);
+            let input_cubes = units.div_ceil(CUBE as usize);
+            let sums = empty::<R>(&client, &device, vec![k + 1, c]);
+            depthwise_backward_lanes::launch::<R>(
+                &client,
+                cubes(input_cubes + (k + 1) * blocks),
+                CubeDim::new_1d(CUBE),
+                x.into_array_arg(),
+                dy.into_array_arg(),
+                weight.into_array_arg(),
+                dx.clone().into_array_arg(),
+                sums.clone().into_array_arg(),
+                rows as u32,
+                t as u32,
+                c as u32,
+                k as u32,
+                blocks as u32,
+                input_cubes as u32,
+            );
+            let (dw, db) = device_op::weight_and_bias::<Self>(sums, k, c);
+            return (dx, dw, db);
+        }
         depthwise_backward_input::launch::<R>(
             &client,
             grid(units),
@@ -285,29 +348,6 @@ where
             k as u32,
             units as u32,
         );
-        let rows = b * t;
-        if rows > 0 && in_lanes(rows) {
-            // One launch, not two (the partial sums, then their sum): 24 of the step's launches
-            // at 24 layers (bench/RESULTS.md, 2026-12-07, "The heads' swap back and their
-            // biases' sum").
-            let blocks = c.div_ceil(LANE_COLS as usize);
-            let sums = empty::<R>(&client, &device, vec![k + 1, c]);
-            depthwise_params_lanes::launch::<R>(
-                &client,
-                cubes((k + 1) * blocks),
-                CubeDim::new_1d(CUBE),
-                x.into_array_arg(),
-                dy.into_array_arg(),
-                sums.clone().into_array_arg(),
-                rows as u32,
-                t as u32,
-                c as u32,
-                k as u32,
-                blocks as u32,
-            );
-            let (dw, db) = device_op::weight_and_bias::<Self>(sums, k, c);
-            return (dx, dw, db);
-        }
         let blocks = rows.div_ceil(ROWS).max(1);
         let parts = empty::<R>(&client, &device, vec![k + 1, blocks, c]);
         // Every unit writes its partial sum (zero for an empty block, only when there are no

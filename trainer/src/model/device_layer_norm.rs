@@ -6,10 +6,11 @@
 //! twice as many backward, three of them reductions. The Conformer block runs five, so at the
 //! 0.6B preset's 24 layers they are thousands of a step's operations, and a GPU step is bound
 //! by the host's cost per operation (bench/RESULTS.md, "Where a GPU step's launches come
-//! from"). Here the forward is one kernel, and the backward two: the input's gradient, then
-//! the scale's and shift's gradients summed over the rows by a cube per 8 columns whose lanes
-//! split the rows (up to 4,096 rows; beyond, partial sums over blocks of rows, then
-//! `device_sum`'s sum of them: one launch more).
+//! from"). Here the forward is one kernel, and so is the backward: two kinds of cube side by
+//! side in one launch, a cube per row for the input's gradient and a cube per 8 columns whose
+//! lanes split the rows for the scale's and shift's gradients (up to 4,096 rows; beyond, three
+//! launches: the input's gradient, partial sums over blocks of rows, then `device_sum`'s sum
+//! of them).
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors and a shift; `None` elsewhere, and the caller runs Burn's
@@ -149,9 +150,55 @@ pub fn bias_residual_norm(
     }
 }
 
-/// One cube per row: the input's gradient, `rstd * (g - mean(g) - xhat * mean(g * xhat))`
-/// with `g = dy * gamma` and `xhat = (x - mean) * rstd`, plus `addend` where `add` (another
-/// gradient of the input, handed over: `handoff`).
+/// Row `row`'s input gradient, `rstd * (g - mean(g) - xhat * mean(g * xhat))` with
+/// `g = dy * gamma` and `xhat = (x - mean) * rstd`, plus `addend` where `add` (another
+/// gradient of the input, handed over: `handoff`), by the cube: the body of both backward
+/// kernels that write the input's gradient, so they give the same bits. Every unit of the cube
+/// must call it (it waits at barriers).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn input_row(
+    x: &Array<f32>,
+    gamma: &Array<f32>,
+    stats: &Array<f32>,
+    dy: &Array<f32>,
+    addend: &Array<f32>,
+    dx: &mut Array<f32>,
+    row: u32,
+    width: u32,
+    #[comptime] add: bool,
+) {
+    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    let base = (row * width) as usize;
+    let mean = stats[(2 * row) as usize];
+    let rstd = stats[(2 * row + 1) as usize];
+    let mut part_g = 0.0f32;
+    let mut part_gx = 0.0f32;
+    for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
+        let at = base + c as usize;
+        let g = dy[at] * gamma[c as usize];
+        part_g += g;
+        part_gx += g * (x[at] - mean) * rstd;
+    }
+    let n = f32::cast_from(width);
+    let mean_g = cube_sum(&mut shared, part_g) / n;
+    let mean_gx = cube_sum(&mut shared, part_gx) / n;
+    for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
+        let at = base + c as usize;
+        let g = dy[at] * gamma[c as usize];
+        let xhat = (x[at] - mean) * rstd;
+        let v = rstd * (g - mean_g - xhat * mean_gx);
+        if add {
+            dx[at] = v + addend[at];
+        } else {
+            dx[at] = v;
+        }
+    }
+}
+
+/// One cube per row: the input's gradient ([`input_row`]). Used past `device_sum::in_lanes`'
+/// rows, where the scale's and shift's gradients are summed by blocks of rows
+/// ([`layer_norm_backward_params`]).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward_input(
@@ -166,32 +213,56 @@ pub fn layer_norm_backward_input(
     #[comptime] add: bool,
 ) {
     let row = cube_index();
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+    // The condition is the same for every unit of a cube: the barriers in the sums are uniform.
     if row < rows {
-        let base = (row * width) as usize;
-        let mean = stats[(2 * row) as usize];
-        let rstd = stats[(2 * row + 1) as usize];
-        let mut part_g = 0.0f32;
-        let mut part_gx = 0.0f32;
-        for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
-            let at = base + c as usize;
-            let g = dy[at] * gamma[c as usize];
-            part_g += g;
-            part_gx += g * (x[at] - mean) * rstd;
-        }
-        let n = f32::cast_from(width);
-        let mean_g = cube_sum(&mut shared, part_g) / n;
-        let mean_gx = cube_sum(&mut shared, part_gx) / n;
-        for c in range_stepped(UNIT_POS, width, CUBE_DIM) {
-            let at = base + c as usize;
-            let g = dy[at] * gamma[c as usize];
-            let xhat = (x[at] - mean) * rstd;
-            let v = rstd * (g - mean_g - xhat * mean_gx);
-            if add {
-                dx[at] = v + addend[at];
-            } else {
-                dx[at] = v;
+        input_row(x, gamma, stats, dy, addend, dx, row, width, add);
+    }
+}
+
+/// The whole backward in one launch, the two kinds of cube side by side (they read the same
+/// inputs and write different outputs, so none waits for another): cubes `0..rows` the input's
+/// gradient of their row ([`input_row`]); the next `ceil(width / LANE_COLS)` the scale's and
+/// shift's gradients of `LANE_COLS` columns, each unit summing every `lanes`-th row, then the
+/// cube adding its lanes ([`lanes_sum`]) and writing `sums[0, column]` (`sum dy * xhat`) and
+/// `sums[1, column]` (`sum dy`) of `[2, width]`. Used up to `device_sum::in_lanes`' rows.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward_lanes(
+    x: &Array<f32>,
+    gamma: &Array<f32>,
+    stats: &Array<f32>,
+    dy: &Array<f32>,
+    addend: &Array<f32>,
+    dx: &mut Array<f32>,
+    sums: &mut Array<f32>,
+    width: u32,
+    rows: u32,
+    #[comptime] add: bool,
+) {
+    let cube = cube_index();
+    // Which kind a cube is depends on its index only: the barriers stay uniform in each cube.
+    if cube < rows {
+        input_row(x, gamma, stats, dy, addend, dx, cube, width, add);
+    } else {
+        let col = UNIT_POS % LANE_COLS;
+        let lane = UNIT_POS / LANE_COLS;
+        let c = (cube - rows) * LANE_COLS + col;
+        let mut d_gamma = 0.0f32;
+        let mut d_beta = 0.0f32;
+        if c < width {
+            for r in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
+                let at = (r * width + c) as usize;
+                let xhat = (x[at] - stats[(2 * r) as usize]) * stats[(2 * r + 1) as usize];
+                d_gamma += dy[at] * xhat;
+                d_beta += dy[at];
             }
+        }
+        let mut shared = SharedMemory::<f32>::new(CUBE as usize);
+        let d_gamma = lanes_sum(&mut shared, d_gamma);
+        let d_beta = lanes_sum(&mut shared, d_beta);
+        if c < width && lane == 0 {
+            sums[c as usize] = d_gamma;
+            sums[(width + c) as usize] = d_beta;
         }
     }
 }
@@ -227,41 +298,6 @@ pub fn layer_norm_backward_params(
         }
         parts[pos as usize] = d_gamma;
         parts[(blocks * width + pos) as usize] = d_beta;
-    }
-}
-
-/// One cube per `LANE_COLS` columns, its lanes over the rows (`device_sum::lanes_sum`): the
-/// scale's gradient `sum dy * xhat` to `sums[0, column]` and the shift's `sum dy` to
-/// `sums[1, column]`, `sums` being `[2, width]`: the partial sums over blocks of rows and their
-/// sum in one launch, where the rows are few enough (`device_sum::in_lanes`).
-#[cube(launch)]
-pub fn layer_norm_params_lanes(
-    x: &Array<f32>,
-    stats: &Array<f32>,
-    dy: &Array<f32>,
-    sums: &mut Array<f32>,
-    width: u32,
-    rows: u32,
-) {
-    let col = UNIT_POS % LANE_COLS;
-    let lane = UNIT_POS / LANE_COLS;
-    let c = cube_index() * LANE_COLS + col;
-    let mut d_gamma = 0.0f32;
-    let mut d_beta = 0.0f32;
-    if c < width {
-        for r in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
-            let at = (r * width + c) as usize;
-            let xhat = (x[at] - stats[(2 * r) as usize]) * stats[(2 * r + 1) as usize];
-            d_gamma += dy[at] * xhat;
-            d_beta += dy[at];
-        }
-    }
-    let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-    let d_gamma = lanes_sum(&mut shared, d_gamma);
-    let d_beta = lanes_sum(&mut shared, d_beta);
-    if c < width && lane == 0 {
-        sums[c as usize] = d_gamma;
-        sums[(width + c) as usize] = d_beta;
     }
 }
 
@@ -413,6 +449,29 @@ where
         let add = addend.is_some();
         // Without an addend the kernel reads none: the input stands in for it.
         let addend = addend.map(contiguous).unwrap_or_else(|| x.clone());
+        if in_lanes(rows) {
+            // One launch, not two (the input's gradient, then the scale's and shift's sums):
+            // five normalisations a Conformer block, 120 of the 0.6B step's launches at 24
+            // layers (bench/RESULTS.md, 2026-12-07, "The backward's independent kernels").
+            let sums = empty::<R>(&client, &device, vec![2, width]);
+            layer_norm_backward_lanes::launch::<R>(
+                &client,
+                cubes(rows + width.div_ceil(LANE_COLS as usize)),
+                CubeDim::new_1d(CUBE),
+                x.into_array_arg(),
+                gamma.into_array_arg(),
+                stats.into_array_arg(),
+                dy.into_array_arg(),
+                addend.into_array_arg(),
+                dx.clone().into_array_arg(),
+                sums.clone().into_array_arg(),
+                width as u32,
+                rows as u32,
+                add,
+            );
+            let (d_gamma, d_beta) = device_op::weight_and_bias::<Self>(sums, 1, width);
+            return (dx, Self::float_reshape(d_gamma, [width].into()), d_beta);
+        }
         layer_norm_backward_input::launch::<R>(
             &client,
             cubes(rows),
@@ -427,24 +486,6 @@ where
             rows as u32,
             add,
         );
-        if in_lanes(rows) {
-            // One launch, not two: five normalisations a Conformer block, 120 of the 0.6B
-            // step's launches (bench/RESULTS.md, 2026-12-07).
-            let sums = empty::<R>(&client, &device, vec![2, width]);
-            layer_norm_params_lanes::launch::<R>(
-                &client,
-                cubes(width.div_ceil(LANE_COLS as usize)),
-                CubeDim::new_1d(CUBE),
-                x.into_array_arg(),
-                stats.into_array_arg(),
-                dy.into_array_arg(),
-                sums.clone().into_array_arg(),
-                width as u32,
-                rows as u32,
-            );
-            let (d_gamma, d_beta) = device_op::weight_and_bias::<Self>(sums, 1, width);
-            return (dx, Self::float_reshape(d_gamma, [width].into()), d_beta);
-        }
         let blocks = rows.div_ceil(ROWS).max(1);
         let parts = empty::<R>(&client, &device, vec![2, blocks, width]);
         // Every `(block, column)` unit writes both of its partial sums (an empty block, only
