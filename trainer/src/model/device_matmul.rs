@@ -1226,6 +1226,16 @@ fn stacks_to_cublas() -> bool {
         && *ON.get_or_init(|| std::env::var("ASRT_CUBLAS_STACKS").is_ok_and(|v| v == "1"))
 }
 
+/// The kernel of the attention's stacks of products: cuBLAS where [`stacks_to_cublas`], else
+/// Burn's product.
+pub(crate) fn stack_kernel() -> Kernel {
+    if stacks_to_cublas() {
+        Kernel::Cublas
+    } else {
+        Kernel::Burn
+    }
+}
+
 /// `a [O, H, m, k] · b [O or 1, H, k, n]` (the attention's stacks of products, either's `O`
 /// may be 1), or `· bᵀ` with `b` `[O or 1, H, n, k]` where `transposed_b`, as one operation
 /// (the transposition inside it, forward and backward) where the backend is one of the
@@ -1240,8 +1250,7 @@ pub fn stacked<B: Backend>(
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return None;
     }
-    let kernel = if stacks_to_cublas() { Kernel::Cublas } else { Kernel::Burn };
-    stacked_with(a, b, transposed_b, kernel)
+    stacked_with(a, b, transposed_b, stack_kernel())
 }
 
 /// [`stacked`] with `kernel` on the CubeCL types, `b` transposed where `transposed_b`, shapes

@@ -331,10 +331,23 @@ impl<B: Backend> RelPositionAttention<B> {
         let [q_u, q_v, k, v] = self.heads(x, p);
         // [1, H, 2T-1, dk]
         let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
+        let divisor = (dk as f64).sqrt();
+        // In f32 on the CubeCL backends the rest is one operation each way (`device_context`).
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let [q_u, q_v, k, v, r] = match p.compute() {
+            None => {
+                let heads = [q_u, q_v, k, v, r];
+                match super::device_context::on_device(heads, keep, divisor, &self.dropout) {
+                    Ok(y) => return y,
+                    Err(heads) => heads,
+                }
+            }
+            Some(_) => [q_u, q_v, k, v, r],
+        };
         // The scores come back in f32: the mask and the softmax run there.
         let ac = p.matmul_transposed(q_u, k); // [B, H, T, T]
         let bd = p.matmul_transposed(q_v, r); // [B, H, T, 2T-1]
-        let attn = attention_weights(ac, bd, pad, keep, (dk as f64).sqrt(), &self.dropout);
+        let attn = attention_weights(ac, bd, pad, keep, divisor, &self.dropout);
         merge_heads(p.matmul(attn, v))
     }
 

@@ -16,6 +16,8 @@ pub mod device_batch_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_bias;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_context;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_depthwise;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_dropout;
