@@ -329,21 +329,23 @@ impl<B: Backend> RelPositionAttention<B> {
         let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
         let [q_u, q_v, k, v] = self.heads(x, p);
-        // [1, H, 2T-1, dk]
-        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
         let divisor = (dk as f64).sqrt();
         // In f32 on the CubeCL backends the rest is one operation each way (`device_context`).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let [q_u, q_v, k, v, r] = match p.compute() {
-            None => {
-                let heads = [q_u, q_v, k, v, r];
-                match super::device_context::on_device(heads, keep, divisor, &self.dropout) {
+        let ([q_u, q_v, k, v], pos) = match p.compute() {
+            // The positions' layer has no bias (NeMo's `linear_pos`).
+            None if self.pos.bias.is_none() => {
+                let (heads, w_pos) = ([q_u, q_v, k, v], self.pos.weight.val());
+                let on = super::device_context::on_device;
+                match on(heads, pos, &w_pos, keep, divisor, &self.dropout) {
                     Ok(y) => return y,
-                    Err(heads) => heads,
+                    Err(back) => back,
                 }
             }
-            Some(_) => [q_u, q_v, k, v, r],
+            _ => ([q_u, q_v, k, v], pos),
         };
+        // [1, H, 2T-1, dk]
+        let r = split_heads(p.linear(&self.pos, pos), Vec::new(), h);
         // The scores come back in f32: the mask and the softmax run there.
         let ac = p.matmul_transposed(q_u, k); // [B, H, T, T]
         let bd = p.matmul_transposed(q_v, r); // [B, H, T, 2T-1]
