@@ -384,20 +384,18 @@ mod tests {
             seed_stream(7);
             let y = if one {
                 on_device(leaves.clone(), pos_a.clone(), &w_a, &keep, divisor, &dropout)
-                    .ok()
                     .expect("it runs")
             } else {
                 let [q_u, q_v, k, v] = leaves.clone();
                 let projected = device_matmul::linear(&pos_a, &w_a, None).expect("the positions");
-                let r = device_heads::split(projected, &[], h).ok().expect("their heads");
+                let r = device_heads::split(projected, &[], h).expect("their heads");
                 let stacked = device_matmul::stacked::<A<B>>;
                 let ac = stacked(&q_u, &k, true).expect("the content scores");
                 let bd = stacked(&q_v, &r, true).expect("the position scores");
                 let w = device_attention::on_device(ac, bd, &keep, divisor, &dropout)
-                    .ok()
                     .expect("the weights");
                 let o = stacked(&w, &v, false).expect("the values' product");
-                device_heads::merge(o).ok().expect("the merge")
+                device_heads::merge(o).expect("the merge")
             };
             let grads = (y.clone() * Tensor::from_inner(weights.clone())).sum().backward();
             let mut g: Vec<_> =
@@ -415,7 +413,6 @@ mod tests {
         }
         if p == 0.0 {
             let plain = on_device(heads.clone(), pos.clone(), &w_pos, &keep, divisor, &dropout)
-                .ok()
                 .expect("bare");
             assert_eq!(plain.into_data(), y, "{what}: bare and tracked forwards");
         }
@@ -446,7 +443,7 @@ mod tests {
         let keep = Tensor::<Wgpu, 3>::ones([2, 5, 1], &device);
         let heads = [q.clone(), q.clone(), q.clone(), q];
         let (_, back) =
-            on_device(heads, pos, &w_pos, &keep, 2.0, &Dropout::new(0.1)).err().expect("refused");
+            on_device(heads, pos, &w_pos, &keep, 2.0, &Dropout::new(0.1)).expect_err("refused");
         assert_eq!(back.dims(), [1, 8, 8]);
     }
 }

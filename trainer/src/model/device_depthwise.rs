@@ -312,8 +312,9 @@ where
         let rows = b * t;
         if rows > 0 && in_lanes(rows) {
             // One launch, not two (the input's gradient, then the parameters' sums; before that
-            // three, with the partial sums' sum): 24 of the step's launches at 24 layers
-            // (bench/RESULTS.md, 2026-12-07, "The backward's independent kernels").
+            // three, with the partial sums' sum): 24 of the step's launches at 24 layers. On
+            // lavapipe it takes about 15 % longer than the two did (bench/RESULTS.md,
+            // 2026-12-07, "The backward's independent kernels").
             let blocks = c.div_ceil(LANE_COLS as usize);
             let input_cubes = units.div_ceil(CUBE as usize);
             let sums = empty::<R>(&client, &device, vec![k + 1, c]);

@@ -452,7 +452,9 @@ where
         if in_lanes(rows) {
             // One launch, not two (the input's gradient, then the scale's and shift's sums):
             // five normalisations a Conformer block, 120 of the 0.6B step's launches at 24
-            // layers (bench/RESULTS.md, 2026-12-07, "The backward's independent kernels").
+            // layers. On lavapipe it takes 14-18 % longer than the two did (not verified why:
+            // llvmpipe may run both kinds' code masked; bench/RESULTS.md, 2026-12-07, "The
+            // backward's independent kernels"); on CUDA the branch is uniform per block.
             let sums = empty::<R>(&client, &device, vec![2, width]);
             layer_norm_backward_lanes::launch::<R>(
                 &client,
