@@ -136,10 +136,10 @@ pub trait DeviceContext: DeviceMatmul + DeviceAttention + DeviceHeads {
         let d_dropped = product(d_o, v, [false, true], false);
         let [d_ac, d_bd] = Self::attention_backward(w, keep, d_dropped, at.divisor, at.rule);
         let dq_u = asked[0].then(|| product(d_ac.clone(), k, [false, false], false));
-        let dk_ = asked[2].then(|| product(d_ac, q_u, [true, false], false));
+        let d_k = asked[2].then(|| product(d_ac, q_u, [true, false], false));
         let dq_v = asked[1].then(|| product(d_bd.clone(), r.clone(), [false, false], false));
         if !to_r {
-            return [dq_u, dq_v, dk_, dv, None, None];
+            return [dq_u, dq_v, d_k, dv, None, None];
         }
         let dr = product(d_bd, q_v, [true, false], b > 1);
         // `device_heads::split`'s backward, then `Product`'s.
@@ -153,7 +153,7 @@ pub trait DeviceContext: DeviceMatmul + DeviceAttention + DeviceHeads {
             false,
             at.linear,
         );
-        [dq_u, dq_v, dk_, dv, d_pos, d_w]
+        [dq_u, dq_v, d_k, dv, d_pos, d_w]
     }
 }
 
