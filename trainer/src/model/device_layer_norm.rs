@@ -39,7 +39,7 @@ use super::device_op::{
     self, contiguous, cube_index, cube_sum, cubes, empty, grid, on_cube_types, unit_index,
     DeviceBackward, DeviceOp, CUBE,
 };
-use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
+use super::device_sum::{in_lanes, lanes_sum_to, LANE_COLS};
 use super::dropout::Rule;
 use super::handoff::Handoff;
 use super::host_depthwise::{cast, float};
@@ -47,6 +47,13 @@ use super::host_depthwise::{cast, float};
 /// Rows per partial sum of the scale's and shift's gradients: each unit of that kernel sums one
 /// column over this many rows, so a wide batch still has many units.
 const ROWS: usize = 32;
+
+/// `[rows, width]` of a tensor of shape `dims` normalised over its last axis (no rows where it
+/// has no elements).
+pub(crate) fn rows_and_width(dims: &[usize]) -> (usize, usize) {
+    let width = dims.last().copied().unwrap_or(1);
+    (dims.iter().product::<usize>() / width.max(1), width)
+}
 
 /// One cube per row of `x` `[rows, width]`: `y = (x - mean) * rstd * gamma + beta`, and the
 /// row's `mean` and `rstd` in `stats[2 row]` and `stats[2 row + 1]`.
@@ -223,7 +230,7 @@ pub fn layer_norm_backward_input(
 /// inputs and write different outputs, so none waits for another): cubes `0..rows` the input's
 /// gradient of their row ([`input_row`]); the next `ceil(width / LANE_COLS)` the scale's and
 /// shift's gradients of `LANE_COLS` columns, each unit summing every `lanes`-th row, then the
-/// cube adding its lanes ([`lanes_sum`]) and writing `sums[0, column]` (`sum dy * xhat`) and
+/// cube adding its lanes ([`lanes_sum_to`]) and writing `sums[0, column]` (`sum dy * xhat`) and
 /// `sums[1, column]` (`sum dy`) of `[2, width]`. Used up to `device_sum::in_lanes`' rows.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -244,12 +251,12 @@ pub fn layer_norm_backward_lanes(
     if cube < rows {
         input_row(x, gamma, stats, dy, addend, dx, cube, width, add);
     } else {
-        let col = UNIT_POS % LANE_COLS;
         let lane = UNIT_POS / LANE_COLS;
-        let c = (cube - rows) * LANE_COLS + col;
+        let c = (cube - rows) * LANE_COLS + UNIT_POS % LANE_COLS;
+        let inside = c < width;
         let mut d_gamma = 0.0f32;
         let mut d_beta = 0.0f32;
-        if c < width {
+        if inside {
             for r in range_stepped(lane, rows, CUBE_DIM / LANE_COLS) {
                 let at = (r * width + c) as usize;
                 let xhat = (x[at] - stats[(2 * r) as usize]) * stats[(2 * r + 1) as usize];
@@ -257,13 +264,8 @@ pub fn layer_norm_backward_lanes(
                 d_beta += dy[at];
             }
         }
-        let mut shared = SharedMemory::<f32>::new(CUBE as usize);
-        let d_gamma = lanes_sum(&mut shared, d_gamma);
-        let d_beta = lanes_sum(&mut shared, d_beta);
-        if c < width && lane == 0 {
-            sums[c as usize] = d_gamma;
-            sums[(width + c) as usize] = d_beta;
-        }
+        lanes_sum_to(sums, c, inside, d_gamma);
+        lanes_sum_to(sums, width + c, inside, d_beta);
     }
 }
 
@@ -358,8 +360,7 @@ where
         eps: f64,
     ) -> (FloatTensor<Self>, Saved<Self>) {
         let dims = x.shape().to_vec();
-        let width = dims.last().copied().unwrap_or(1);
-        let rows = dims.iter().product::<usize>() / width.max(1);
+        let (rows, width) = rows_and_width(&dims);
         let x = contiguous(x);
         let gamma = contiguous(gamma);
         let beta = contiguous(beta);
@@ -395,8 +396,7 @@ where
         eps: f64,
     ) -> [FloatTensor<Self>; 3] {
         let dims = x.shape().to_vec();
-        let width = dims.last().copied().unwrap_or(1).max(1);
-        let rows = dims.iter().product::<usize>() / width;
+        let (rows, width) = rows_and_width(&dims);
         let (x, p, b) = (contiguous(x), contiguous(p), contiguous(b));
         let (gamma, beta) = (contiguous(gamma), contiguous(beta));
         let client = x.client.clone();
@@ -440,8 +440,7 @@ where
         // the kernels index densely. A dense tensor passes through without a copy.
         let (x, gamma, stats) = (contiguous(x), contiguous(gamma), contiguous(stats));
         let dims = x.shape().to_vec();
-        let width = dims.last().copied().unwrap_or(1);
-        let rows = dims.iter().product::<usize>() / width.max(1);
+        let (rows, width) = rows_and_width(&dims);
         let dy = contiguous(dy);
         let client = dy.client.clone();
         let device = dy.device.clone();
@@ -522,7 +521,7 @@ where
         eps: f64,
     ) -> (FloatTensor<Self>, Saved<Self>) {
         let dims = x.shape.to_vec();
-        let rows = dims.iter().product::<usize>() / dims.last().copied().unwrap_or(1).max(1);
+        let (rows, _) = rows_and_width(&dims);
         let outs = [(dims, DType::F32), (vec![rows, 2], DType::F32)];
         let [y, stats] = in_stream::<B, _, 3, 2>(
             "layer_norm_forward",
@@ -546,7 +545,7 @@ where
         eps: f64,
     ) -> [FloatTensor<Self>; 3] {
         let dims = x.shape.to_vec();
-        let rows = dims.iter().product::<usize>() / dims.last().copied().unwrap_or(1).max(1);
+        let (rows, _) = rows_and_width(&dims);
         let outs = [(dims.clone(), DType::F32), (dims, DType::F32), (vec![rows, 2], DType::F32)];
         in_stream::<B, _, 5, 3>(
             "bias_residual_norm",

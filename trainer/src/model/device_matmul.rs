@@ -845,7 +845,7 @@ where
         eps: f64,
     ) -> [FloatTensor<Self>; 3] {
         let dims = x.shape.to_vec();
-        let rows = dims.iter().product::<usize>() / dims.last().copied().unwrap_or(1).max(1);
+        let (rows, _) = super::device_layer_norm::rows_and_width(&dims);
         let outs = [(dims.clone(), DType::F32), (dims, DType::F32), (vec![rows, 2], DType::F32)];
         in_stream::<B, _, 6, 3>(
             "linear residual norm",
