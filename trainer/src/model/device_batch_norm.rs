@@ -244,24 +244,24 @@ pub fn batch_norm_backward_input(
 /// forward replaced (`retired`).
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    beta: FloatTensor<B>,
-    stats: FloatTensor<B>,
-    activation: Activation,
+    pub(crate) x: FloatTensor<B>,
+    pub(crate) gamma: FloatTensor<B>,
+    pub(crate) beta: FloatTensor<B>,
+    pub(crate) stats: FloatTensor<B>,
+    pub(crate) activation: Activation,
     /// The old running statistics' last handles. Fusion records a drop operation for a tensor
     /// whose last handle is dropped outside an operation (48 a step of the 0.6B preset); these
     /// end as inputs of the backward's operation, which does not read them.
-    retired: Option<[FloatTensor<B>; 2]>,
+    pub(crate) retired: Option<[FloatTensor<B>; 2]>,
 }
 
 /// The normalisation's forward: its output, what the backward needs, and the new running mean
 /// and variance.
 pub struct Forward<B: Backend> {
-    y: FloatTensor<B>,
-    saved: Saved<B>,
-    running_mean: FloatTensor<B>,
-    running_var: FloatTensor<B>,
+    pub(crate) y: FloatTensor<B>,
+    pub(crate) saved: Saved<B>,
+    pub(crate) running_mean: FloatTensor<B>,
+    pub(crate) running_var: FloatTensor<B>,
 }
 
 /// The batch normalisation as one operation (see the module): the backends that have it.

@@ -236,8 +236,8 @@ pub fn depthwise_backward_lanes(
 /// What the forward keeps for the backward: the input and the weight.
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
+    pub(crate) x: FloatTensor<B>,
+    pub(crate) weight: FloatTensor<B>,
 }
 
 /// The convolution as one operation (see the module): the backends that have it.

@@ -564,7 +564,17 @@ impl<B: Backend> ConvModule<B> {
 
     /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames): everything but `pointwise2`,
     /// which the caller runs with the residual after it.
+    /// In training in f32 one operation each way on the CubeCL backends
+    /// (`device_conv_module`), where the parts were three.
     fn hidden(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        if p.compute().is_none() {
+            use super::device_conv_module::train_on_device;
+            let (pw, dw, norm) = (&self.pointwise1, &self.depthwise, &self.norm);
+            if let Some(y) = train_on_device(pw, dw, norm, &x, &keep) {
+                return y;
+            }
+        }
         let x = linear_gated_masked(p, &self.pointwise1, x, keep);
         // The depthwise convolution stays in f32 (ARCHITECTURE.md, "Mixed precision").
         let x = self.depthwise.forward(x);
