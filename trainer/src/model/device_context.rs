@@ -48,29 +48,29 @@ use super::host_depthwise::{float, same};
 /// in evaluation), the stacks' kernel and the positions' linear layer's.
 #[derive(Debug, Clone, Copy)]
 pub struct Attend {
-    divisor: f32,
-    rule: Option<Rule>,
-    kernel: Kernel,
-    linear: Kernel,
+    pub(crate) divisor: f32,
+    pub(crate) rule: Option<Rule>,
+    pub(crate) kernel: Kernel,
+    pub(crate) linear: Kernel,
 }
 
 /// What the forward keeps for the backward: what the five operations kept.
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
-    q_u: FloatTensor<B>,
-    q_v: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    pos: FloatTensor<B>,
-    w_pos: FloatTensor<B>,
+    pub(crate) q_u: FloatTensor<B>,
+    pub(crate) q_v: FloatTensor<B>,
+    pub(crate) k: FloatTensor<B>,
+    pub(crate) v: FloatTensor<B>,
+    pub(crate) pos: FloatTensor<B>,
+    pub(crate) w_pos: FloatTensor<B>,
     /// The positions' heads.
-    r: FloatTensor<B>,
+    pub(crate) r: FloatTensor<B>,
     /// The weights before the dropout (its backward's input).
-    w: FloatTensor<B>,
+    pub(crate) w: FloatTensor<B>,
     /// The weights after the dropout (the values' product's operand); `None` without a
     /// dropout, where they are `w`.
-    dropped: Option<FloatTensor<B>>,
-    keep: FloatTensor<B>,
+    pub(crate) dropped: Option<FloatTensor<B>>,
+    pub(crate) keep: FloatTensor<B>,
 }
 
 /// `[B, H, T, dk]` of the heads `q`.
@@ -289,6 +289,24 @@ fn bare<B: DeviceContext>(
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
+/// Whether the operation takes heads of `[B, H, T, dk]` with `pos`, `w_pos` and `keep` (see
+/// [`on_device`]): their shapes, f32, and the position scores' index within 32 bits
+/// (`device_attention`'s limit).
+pub(crate) fn takes<B: Backend>(
+    [b, h, t, dk]: [usize; 4],
+    pos: &Tensor<B, 3>,
+    w_pos: &Tensor<B, 2>,
+    keep: &Tensor<B, 3>,
+) -> bool {
+    let d = h * dk;
+    t > 0
+        && pos.dims() == [1, 2 * t - 1, d]
+        && w_pos.dims() == [d, d]
+        && keep.dims() == [b, t, 1]
+        && [pos.dtype(), w_pos.dtype(), keep.dtype()].iter().all(|x| *x == DType::F32)
+        && b * h * t * (2 * t - 1) <= u32::MAX as usize
+}
+
 /// The attention's context (see the module) from `[q_u, q_v, k, v]` `[B, H, T, dk]`, the
 /// positions `pos` `[1, 2T - 1, H * dk]` and their linear layer's weight `w_pos` (no bias),
 /// `keep` `[B, T, 1]`, the scores divided by `divisor`, the weights through `dropout`:
@@ -306,16 +324,9 @@ pub fn on_device<B: Backend>(
     dropout: &Dropout,
 ) -> Result<Tensor<B, 3>, ([Tensor<B, 4>; 4], Tensor<B, 3>)> {
     let [b, h, t, dk] = heads[0].dims();
-    let d = h * dk;
-    let fits = t > 0
-        && heads[1..].iter().all(|x| x.dims() == [b, h, t, dk])
-        && pos.dims() == [1, 2 * t - 1, d]
-        && w_pos.dims() == [d, d]
-        && keep.dims() == [b, t, 1]
+    let fits = heads[1..].iter().all(|x| x.dims() == [b, h, t, dk])
         && heads.iter().all(|x| x.dtype() == DType::F32)
-        && [pos.dtype(), w_pos.dtype(), keep.dtype()].iter().all(|x| *x == DType::F32)
-        // `device_attention`'s limit: the position scores index in 32 bits.
-        && b * h * t * (2 * t - 1) <= u32::MAX as usize
+        && takes([b, h, t, dk], &pos, w_pos, keep)
         && device_heads::takes(&heads[0])
         && device_heads::takes(&pos);
     if !fits {

@@ -559,27 +559,17 @@ pub fn project_heads<B: Backend>(
     pos: [Tensor<B, 2>; 2],
     heads: usize,
 ) -> Option<[Tensor<B, 4>; OUTPUTS]> {
-    let [b, t, d] = x.dims();
     let weights = layers.map(|l| l.weight.val());
     let biases = layers.map(|l| l.bias.as_ref().map(|b| b.val()));
     let [Some(bq), Some(bk), Some(bv)] = biases else {
         return None;
     };
-    let dk = d.checked_div(heads)?;
-    let fits = heads > 0
-        && d.is_multiple_of(heads)
-        && b * t > 0
-        && in_lanes(b * t)
-        && (b * t * 3 * d).max(3 * d * d) <= u32::MAX as usize
-        && weights.iter().all(|w| w.dims() == [d, d] && w.dtype() == DType::F32)
-        && [&bq, &bk, &bv].iter().all(|b| b.dims() == [d] && b.dtype() == DType::F32)
-        && pos.iter().all(|p| p.dims() == [heads, dk] && p.dtype() == DType::F32)
-        && x.dtype() == DType::F32;
-    if !fits {
+    let biases = [bq, bk, bv];
+    if !fits(x, &weights, &biases, &pos, heads) {
         return None;
     }
     let kernel = chosen();
-    let inputs = (x, weights, [bq, bk, bv], pos);
+    let inputs = (x, weights, biases, pos);
     on_cube_types!(
         B,
         T,
@@ -598,6 +588,30 @@ pub fn project_heads<B: Backend>(
         }
     );
     None
+}
+
+/// Whether the group takes `x` `[B, T, d]`, the `weights` (`[d, d]`), the `biases` (`[d]`) and
+/// the position biases `pos` (`[H, dk]`, `heads` = `H`): f32, the heads dividing the width, the
+/// rows within the lanes kernels' and the product's elements within `u32` (see the module).
+pub(crate) fn fits<B: Backend>(
+    x: &Tensor<B, 3>,
+    weights: &[Tensor<B, 2>; 3],
+    biases: &[Tensor<B, 1>; 3],
+    pos: &[Tensor<B, 2>; 2],
+    heads: usize,
+) -> bool {
+    let [b, t, d] = x.dims();
+    let Some(dk) = d.checked_div(heads) else {
+        return false;
+    };
+    d.is_multiple_of(heads)
+        && b * t > 0
+        && in_lanes(b * t)
+        && (b * t * 3 * d).max(3 * d * d) <= u32::MAX as usize
+        && weights.iter().all(|w| w.dims() == [d, d] && w.dtype() == DType::F32)
+        && biases.iter().all(|b| b.dims() == [d] && b.dtype() == DType::F32)
+        && pos.iter().all(|p| p.dims() == [heads, dk] && p.dtype() == DType::F32)
+        && x.dtype() == DType::F32
 }
 
 /// The group's inputs (the input, the three weights, the three biases, `u` and `v`) as `C`'s

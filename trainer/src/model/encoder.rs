@@ -328,8 +328,25 @@ impl<B: Backend> RelPositionAttention<B> {
     ) -> Tensor<B, 3> {
         let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
-        let [q_u, q_v, k, v] = self.heads(x, p);
         let divisor = (dk as f64).sqrt();
+        // In f32 on the CubeCL backends the whole attention is one operation each way
+        // (`device_self_attention`: the projections' group, then the context).
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let pos = match p.compute() {
+            // The positions' layer has no bias (NeMo's `linear_pos`).
+            None if self.pos.bias.is_none() => {
+                let layers = [&self.q, &self.k, &self.v];
+                let biases = [self.pos_bias_u.val(), self.pos_bias_v.val()];
+                let w_pos = self.pos.weight.val();
+                let on = super::device_self_attention::on_device;
+                match on(&x, layers, biases, h, pos, &w_pos, keep, divisor, &self.dropout) {
+                    Ok(y) => return y,
+                    Err(pos) => pos,
+                }
+            }
+            _ => pos,
+        };
+        let [q_u, q_v, k, v] = self.heads(x, p);
         // In f32 on the CubeCL backends the rest is one operation each way (`device_context`).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let ([q_u, q_v, k, v], pos) = match p.compute() {
