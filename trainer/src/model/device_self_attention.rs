@@ -13,7 +13,8 @@
 //!
 //! Which backend: the trainer's CubeCL types (`Wgpu`, `FusedWgpu`, `Cuda`, `FusedCuda`), bare or
 //! under autodiff, with f32 tensors, where both parts take their shapes (`device_qkv::fits`,
-//! `device_context::takes`); the positions' given back elsewhere, and the caller runs the parts.
+//! `device_context::takes`); the positions are given back elsewhere, and the caller runs the
+//! parts.
 //!
 //! Invariants: the output is `device_context`'s of `device_qkv`'s heads; the backward keeps
 //! what the two kept (the input, the weights side by side, and the context's `Saved`),
@@ -241,9 +242,8 @@ impl<B: DeviceSelfAttention> DeviceBackward<B, PARENTS> for SelfAttention {
     }
 }
 
-/// The self-attention's input, its projections' weights and biases, the position biases, the
-/// positions and their weight, in [`PARENTS`]' order, as `C`'s primitives (`C` being `B`, a
-/// branch of `on_cube_types`).
+/// The self-attention's inputs as the caller has them: the input, the projections, the
+/// position biases, the positions and their weight.
 struct Inputs<'a, B: Backend> {
     x: &'a Tensor<B, 3>,
     layers: [&'a Linear<B>; 3],
@@ -253,7 +253,8 @@ struct Inputs<'a, B: Backend> {
 }
 
 impl<B: Backend> Inputs<'_, B> {
-    /// The primitives; `None` where a projection has no bias (the caller checked).
+    /// The inputs in [`PARENTS`]' order as `C`'s primitives, `C` being `B` (a branch of
+    /// `on_cube_types`); `None` where a projection has no bias (the caller checked).
     fn primitives<C: Backend>(self) -> Option<[FloatTensor<C>; PARENTS]> {
         let Inputs { x, layers, pos_biases: [u, v], pos, w_pos } = self;
         let [wq, wk, wv] = layers.map(|l| float(same::<_, Tensor<C, 2>>(l.weight.val())));

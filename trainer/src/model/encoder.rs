@@ -347,7 +347,9 @@ impl<B: Backend> RelPositionAttention<B> {
             _ => pos,
         };
         let [q_u, q_v, k, v] = self.heads(x, p);
-        // In f32 on the CubeCL backends the rest is one operation each way (`device_context`).
+        // Where the whole attention was refused (the projections' group past its rows, say),
+        // the rest is still one operation each way in f32 on the CubeCL backends
+        // (`device_context`).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let ([q_u, q_v, k, v], pos) = match p.compute() {
             // The positions' layer has no bias (NeMo's `linear_pos`).
@@ -581,6 +583,7 @@ impl<B: Backend> ConvModule<B> {
 
     /// `x` `[B, T, d]`, `keep` `[B, T, 1]` (1 on valid frames): everything but `pointwise2`,
     /// which the caller runs with the residual after it.
+    ///
     /// In training in f32 one operation each way on the CubeCL backends
     /// (`device_conv_module`), where the parts were three.
     fn hidden(&self, x: Tensor<B, 3>, keep: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
