@@ -16,6 +16,11 @@
 //! `device_context::takes`); the positions are given back elsewhere, and the caller runs the
 //! parts.
 //!
+//! Off by default, on with `ASRT_ATTENTION_OP=1` ([`enabled`]): on lavapipe the step with it
+//! was slower (4.60-5.04 s against 4.04-4.51 s, bench/RESULTS.md, 2026-12-07 evening) though
+//! every kernel ran as many times, none slower alone; the GPU kit's `xa` step measures it where
+//! it is meant to pay, a GPU step bound by the host.
+//!
 //! Invariants: the output is `device_context`'s of `device_qkv`'s heads; the backward keeps
 //! what the two kept (the input, the weights side by side, and the context's `Saved`),
 //! computes the context's gradients of all four heads and of the positions and their weight
@@ -265,6 +270,13 @@ impl<B: Backend> Inputs<'_, B> {
         let pos = float(same::<_, Tensor<C, 3>>(pos));
         Some([x, wq, wk, wv, bq, bk, bv, two(u), two(v), pos, two(w_pos.clone())])
     }
+}
+
+/// Whether the encoder takes this operation: `ASRT_ATTENTION_OP=1` (read once; see the
+/// module).
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ASRT_ATTENTION_OP").is_ok_and(|v| v == "1"))
 }
 
 /// The self-attention under autodiff: one node with the [`PARENTS`] as parents (`keep` takes no

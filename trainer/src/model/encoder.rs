@@ -329,12 +329,13 @@ impl<B: Backend> RelPositionAttention<B> {
         let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
         let divisor = (dk as f64).sqrt();
-        // In f32 on the CubeCL backends the whole attention is one operation each way
-        // (`device_self_attention`: the projections' group, then the context).
+        // With `ASRT_ATTENTION_OP=1`, in f32 on the CubeCL backends the whole attention is one
+        // operation each way (`device_self_attention`: the projections' group, then the
+        // context).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let pos = match p.compute() {
             // The positions' layer has no bias (NeMo's `linear_pos`).
-            None if self.pos.bias.is_none() => {
+            None if self.pos.bias.is_none() && super::device_self_attention::enabled() => {
                 let layers = [&self.q, &self.k, &self.v];
                 let biases = [self.pos_bias_u.val(), self.pos_bias_v.val()];
                 let w_pos = self.pos.weight.val();
@@ -347,8 +348,8 @@ impl<B: Backend> RelPositionAttention<B> {
             _ => pos,
         };
         let [q_u, q_v, k, v] = self.heads(x, p);
-        // Where the whole attention was refused (the projections' group past its rows, say),
-        // the rest is still one operation each way in f32 on the CubeCL backends
+        // Otherwise (or where the whole attention was refused: the projections' group past its
+        // rows, say) the rest is one operation each way in f32 on the CubeCL backends
         // (`device_context`).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let ([q_u, q_v, k, v], pos) = match p.compute() {
