@@ -132,15 +132,15 @@ fn grads<B: DeviceMatmul + DeviceDepthwise + DeviceBatchNorm>(
     let after = After::Mask(keep);
     let [dh, dw, db] =
         B::linear_gate_grads(dg, gate_in, w, h, asked[2], Gate::Glu, after, chain.kernel);
-    let params = [d_dw_weight, d_dw_bias, d_gamma, d_beta].map(Some);
-    let [p3, p4, p5, p6] = params;
-    let all = [dh, dw, db, p3, p4, p5, p6];
-    let mut i = 0;
-    all.map(|g| {
-        let yes = asked[i];
-        i += 1;
-        g.filter(|_| yes)
-    })
+    let params = [d_dw_weight, d_dw_bias, d_gamma, d_beta];
+    let [p3, p4, p5, p6] = params.map(Some);
+    let mut all = [dh, dw, db, p3, p4, p5, p6];
+    for (g, yes) in all.iter_mut().zip(asked) {
+        if !yes {
+            *g = None;
+        }
+    }
+    all
 }
 
 impl<R, F, I, BT> DeviceConvModule for CubeBackend<R, F, I, BT>
@@ -234,8 +234,8 @@ where
         let Saved { h, w, gate_in, keep, depthwise, norm } = saved;
         let device_batch_norm::Saved { x: z, gamma, beta, stats, retired, .. } = norm;
         let device_depthwise::Saved { x: g, weight: dw_weight } = depthwise;
-        let retired = retired.into_iter().flatten();
-        let retired_count = retired.clone().count();
+        let retired: Vec<_> = retired.into_iter().flatten().collect();
+        let retired_count = retired.len();
         // A pointwise operand the backward does not read is not held for it.
         let (w, h) = (asked[0].then_some(w), asked[1].then_some(h));
         let inputs = [dy, gate_in, keep, g, dw_weight, z, gamma, beta, stats].into_iter();

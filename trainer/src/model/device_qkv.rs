@@ -59,7 +59,7 @@ use super::device_sum::{in_lanes, lanes_sum, LANE_COLS};
 use super::host_depthwise::{cast, float};
 
 /// The group's parents, in order: the input, the three weights, the three biases, `u`, `v`.
-const PARENTS: usize = 9;
+pub(crate) const PARENTS: usize = 9;
 /// The group's outputs, in order: `q_u`, `q_v`, `k`, `v`.
 const OUTPUTS: usize = 4;
 
@@ -418,27 +418,32 @@ where
         kernel: Kernel,
     ) -> [FloatTensor<Self>; 9] {
         let [b, t, d] = x.shape.dims::<3>();
-        let f32s = |dims: Vec<usize>| (dims, DType::F32);
-        let outs = [
-            f32s(vec![b, t, d]),
-            f32s(vec![d, d]),
-            f32s(vec![d, d]),
-            f32s(vec![d, d]),
-            f32s(vec![d]),
-            f32s(vec![d]),
-            f32s(vec![d]),
-            f32s(vec![heads, d / heads]),
-            f32s(vec![heads, d / heads]),
-        ];
         in_stream::<B, _, 6, 9>(
             "qkv_backward",
             [g_qu, g_qv, g_k, g_v, x, w],
-            outs,
+            grad_shapes([b, t, d], heads),
             move |[g_qu, g_qv, g_k, g_v, x, w]| {
                 B::qkv_backward([g_qu, g_qv, g_k, g_v], x, w, heads, kernel)
             },
         )
     }
+}
+
+/// The shapes of the [`PARENTS`]' gradients (f32) for an input `[B, T, d]` in `heads` heads.
+pub(crate) fn grad_shapes([b, t, d]: [usize; 3], heads: usize) -> [(Vec<usize>, DType); PARENTS] {
+    let f32s = |dims: Vec<usize>| (dims, DType::F32);
+    let (w, bias, pos) = (vec![d, d], vec![d], vec![heads, d / heads]);
+    [
+        f32s(vec![b, t, d]),
+        f32s(w.clone()),
+        f32s(w.clone()),
+        f32s(w),
+        f32s(bias.clone()),
+        f32s(bias.clone()),
+        f32s(bias),
+        f32s(pos.clone()),
+        f32s(pos),
+    ]
 }
 
 /// What the group's backward needs, and the heads' gradients left by its nodes so far.
@@ -618,7 +623,7 @@ pub(crate) fn fits<B: Backend>(
 /// primitives in [`PARENTS`]' order, `C` being `B` itself (a branch of `on_cube_types`);
 /// `None` elsewhere.
 #[allow(clippy::type_complexity)]
-fn primitives<B: Backend, C: Backend>(
+pub(crate) fn primitives<B: Backend, C: Backend>(
     (x, [wq, wk, wv], [bq, bk, bv], [pu, pv]): (
         &Tensor<B, 3>,
         [Tensor<B, 2>; 3],

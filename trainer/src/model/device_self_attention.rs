@@ -41,7 +41,7 @@ use super::device_matmul::{self, Kernel};
 use super::device_op::{self, on_cube_types, DeviceBackward};
 use super::device_qkv::{self, DeviceQkv};
 use super::dropout::Dropout;
-use super::host_depthwise::{float, same};
+use super::host_depthwise::{cast, float, same};
 
 /// The node's parents, in order: the input, the three weights and biases (query, key,
 /// value), the position biases `u` and `v`, the positions and their weight.
@@ -99,12 +99,11 @@ pub trait DeviceSelfAttention: DeviceQkv + DeviceContext {
         let mut all: [Option<FloatTensor<Self>>; PARENTS] = Default::default();
         if let (Some(dq_u), Some(dq_v), Some(dk), Some(dv)) = (dq_u, dq_v, dk, dv) {
             let nine = Self::qkv_backward([dq_u, dq_v, dk, dv], x, w, op.heads, op.kernel);
-            for (i, g) in nine.into_iter().enumerate() {
-                all[i] = asked[i].then_some(g);
+            for ((slot, g), yes) in all.iter_mut().zip(nine).zip(asked) {
+                *slot = yes.then_some(g);
             }
         }
-        all[9] = d_pos;
-        all[10] = d_w_pos;
+        [all[9], all[10]] = [d_pos, d_w_pos];
         all
     }
 }
@@ -183,23 +182,10 @@ where
         asked: [bool; PARENTS],
     ) -> [Option<FloatTensor<Self>>; PARENTS] {
         let [b, t, d] = saved.x.shape.dims::<3>();
-        let (h, dk) = (op.heads, d / op.heads);
-        let f32s = |dims: Vec<usize>| (dims, DType::F32);
-        let shapes = [
-            f32s(vec![b, t, d]),
-            f32s(vec![d, d]),
-            f32s(vec![d, d]),
-            f32s(vec![d, d]),
-            f32s(vec![d]),
-            f32s(vec![d]),
-            f32s(vec![d]),
-            f32s(vec![h, dk]),
-            f32s(vec![h, dk]),
-            f32s(saved.context.pos.shape.to_vec()),
-            f32s(vec![d, d]),
-        ];
-        let outputs: Vec<_> =
-            shapes.into_iter().zip(asked).filter(|(_, a)| *a).map(|(s, _)| s).collect();
+        let group = device_qkv::grad_shapes([b, t, d], op.heads);
+        let rest = [saved.context.pos.shape.to_vec(), vec![d, d]].map(|s| (s, DType::F32));
+        let shapes = group.into_iter().chain(rest);
+        let outputs: Vec<_> = shapes.zip(asked).filter(|(_, a)| *a).map(|(s, _)| s).collect();
         if outputs.is_empty() {
             return Default::default();
         }
@@ -247,30 +233,23 @@ impl<B: DeviceSelfAttention> DeviceBackward<B, PARENTS> for SelfAttention {
     }
 }
 
-/// The self-attention's inputs as the caller has them: the input, the projections, the
-/// position biases, the positions and their weight.
-struct Inputs<'a, B: Backend> {
-    x: &'a Tensor<B, 3>,
-    layers: [&'a Linear<B>; 3],
-    pos_biases: [Tensor<B, 2>; 2],
+/// The self-attention's [`PARENTS`] as `C`'s primitives, `C` being `B` (a branch of
+/// `on_cube_types`): the group's (`device_qkv::primitives`), then the positions and their
+/// weight.
+fn primitives<B: Backend, C: Backend>(
+    group: GroupInputs<'_, B>,
     pos: Tensor<B, 3>,
-    w_pos: &'a Tensor<B, 2>,
+    w_pos: &Tensor<B, 2>,
+) -> Option<[FloatTensor<C>; PARENTS]> {
+    let [x, wq, wk, wv, bq, bk, bv, u, v] = device_qkv::primitives::<B, C>(group)?;
+    let pos = float(cast::<_, Tensor<C, 3>>(pos)?);
+    let w_pos = float(cast::<_, Tensor<C, 2>>(w_pos.clone())?);
+    Some([x, wq, wk, wv, bq, bk, bv, u, v, pos, w_pos])
 }
 
-impl<B: Backend> Inputs<'_, B> {
-    /// The inputs in [`PARENTS`]' order as `C`'s primitives, `C` being `B` (a branch of
-    /// `on_cube_types`); `None` where a projection has no bias (the caller checked).
-    fn primitives<C: Backend>(self) -> Option<[FloatTensor<C>; PARENTS]> {
-        let Inputs { x, layers, pos_biases: [u, v], pos, w_pos } = self;
-        let [wq, wk, wv] = layers.map(|l| float(same::<_, Tensor<C, 2>>(l.weight.val())));
-        let bias = |l: &Linear<B>| l.bias.as_ref().map(|b| float(same::<_, Tensor<C, 1>>(b.val())));
-        let [bq, bk, bv] = [bias(layers[0])?, bias(layers[1])?, bias(layers[2])?];
-        let two = |t: Tensor<B, 2>| float(same::<_, Tensor<C, 2>>(t));
-        let x = float(same::<_, Tensor<C, 3>>(x.clone()));
-        let pos = float(same::<_, Tensor<C, 3>>(pos));
-        Some([x, wq, wk, wv, bq, bk, bv, two(u), two(v), pos, two(w_pos.clone())])
-    }
-}
+/// The projections' group's inputs as `device_qkv::primitives` takes them.
+type GroupInputs<'a, B> =
+    (&'a Tensor<B, 3>, [Tensor<B, 2>; 3], [Tensor<B, 1>; 3], [Tensor<B, 2>; 2]);
 
 /// Whether the encoder takes this operation: `ASRT_ATTENTION_OP=1` (read once; see the
 /// module).
@@ -318,7 +297,8 @@ pub fn on_device<B: Backend>(
     let [Some(bq), Some(bk), Some(bv)] = biases else {
         return Err(pos);
     };
-    let fits = device_qkv::fits(x, &weights, &[bq, bk, bv], &pos_biases, heads)
+    let biases = [bq, bk, bv];
+    let fits = device_qkv::fits(x, &weights, &biases, &pos_biases, heads)
         && device_context::takes([b, heads, t, d / heads], &pos, w_pos, keep)
         && device_heads::takes(x)
         && device_heads::takes(&pos);
@@ -327,13 +307,14 @@ pub fn on_device<B: Backend>(
     }
     let (kernel, stacks) = (device_matmul::chosen(), device_matmul::stack_kernel());
     let divisor = divisor as f32;
-    let inputs = Inputs { x, layers, pos_biases, pos: pos.clone(), w_pos };
+    let group = (x, weights, biases, pos_biases);
     on_cube_types!(
         B,
         T,
         {
-            let inputs = inputs.primitives::<Autodiff<T>>();
-            let Some(inputs) = inputs else { return Err(pos) };
+            let Some(inputs) = primitives::<B, Autodiff<T>>(group, pos.clone(), w_pos) else {
+                return Err(pos);
+            };
             let keep = same::<_, Tensor<Autodiff<T>, 3>>(keep.clone());
             // The seed is taken only once the operation is sure to run: a fallback draws its own.
             let rule = dropout.draw::<Autodiff<T>>(&keep.device());
@@ -341,8 +322,9 @@ pub fn on_device<B: Backend>(
             Ok(same(tracked::<T>(inputs, keep, SelfAttention { heads, kernel, context })))
         },
         {
-            let inputs = inputs.primitives::<T>();
-            let Some(inputs) = inputs else { return Err(pos) };
+            let Some(inputs) = primitives::<B, T>(group, pos.clone(), w_pos) else {
+                return Err(pos);
+            };
             let keep = float(same::<_, Tensor<T, 3>>(keep.clone()));
             let context = Attend { divisor, rule: None, kernel: stacks, linear: kernel };
             let op = SelfAttention { heads, kernel, context };
