@@ -75,8 +75,12 @@
 #        the default queues the backward first, one wait for the device fewer a micro-batch)
 #   xj   the same for dj (ASRT_GRAPH_JOIN=0)
 #   xk   the same for dk (--matmul burn)
-#   xa   the same for the whole self-attention as one operation each way (ASRT_ATTENTION_OP=1,
-#        model::device_self_attention; off by default, slower on lavapipe)
+#   xa   the same for the whole self-attention as two operations each way, its projections'
+#        group and its context (ASRT_ATTENTION_OP=0; one operation each way by default,
+#        model::device_self_attention)
+#   xn   the same for each residual connection and the normalisation after it as two nodes, two
+#        operations backward (ASRT_RESIDUAL_NORM_OP=0; one node by default,
+#        model::device_residual_norm)
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
@@ -515,7 +519,7 @@ alternate() {
 }
 # The alternated A/Bs of the default (dw) against: --fusion off (xu), the loss read before the
 # backward is queued (xl), no graph join (xj), Burn's product (xk), the whole attention as one
-# operation (xa).
+# operation's two parts (xa), the residual connections and their normalisations as two nodes (xn).
 step_xu() { alternate xu 1 "" --fusion off; }
 check_xu() { py train-ab "$1" "$logs/xu.log" "$work" xu "--fusion off"; }
 step_xl() { alternate xl 0 "ASRT_LOSS_READ=forward"; }
@@ -524,8 +528,10 @@ step_xj() { alternate xj 0 "ASRT_GRAPH_JOIN=0"; }
 check_xj() { py train-ab "$1" "$logs/xj.log" "$work" xj "ASRT_GRAPH_JOIN=0"; }
 step_xk() { alternate xk 1 "" --matmul burn; }
 check_xk() { py train-ab "$1" "$logs/xk.log" "$work" xk "--matmul burn"; }
-step_xa() { alternate xa 0 "ASRT_ATTENTION_OP=1"; }
-check_xa() { py train-ab "$1" "$logs/xa.log" "$work" xa "ASRT_ATTENTION_OP=1"; }
+step_xa() { alternate xa 0 "ASRT_ATTENTION_OP=0"; }
+check_xa() { py train-ab "$1" "$logs/xa.log" "$work" xa "ASRT_ATTENTION_OP=0"; }
+step_xn() { alternate xn 0 "ASRT_RESIDUAL_NORM_OP=0"; }
+check_xn() { py train-ab "$1" "$logs/xn.log" "$work" xn "ASRT_RESIDUAL_NORM_OP=0"; }
 
 # dw's run profiled: CubeCL logs every launch with its device time. The first steps of the
 # two runs are the same batches, so 3 steps less 1 is two steady steps (their kernels compiled
@@ -837,7 +843,7 @@ step_g() {
 }
 check_g() { py refusals "$1" "$logs/g.log" "$dry"; }
 
-export -f measured warm_run alternate step_xu step_xl step_xj step_xk step_xa big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
+export -f measured warm_run alternate step_xu step_xl step_xj step_xk step_xa step_xn big_setup step_env step_c step_cg step_d step_dw step_dk step_dr step_dj step_dp step_hp step_du step_db step_d2 step_e step_f step_g step_mm step_ma step_dm step_dc step_ds cublas_variant step_mb step_bm matmul_kernels matmul_peer fastest_kernel with_fastest long_corpus big_config
 export mm_kernels dev train_dev sizes bin corpus reference train_steps work logs dry kit repo peer_python perf_cmd hp_freq
 
 run_step env 60 step_env
@@ -863,6 +869,7 @@ run_step xl 300 step_xl
 run_step xj 300 step_xj
 run_step xk 420 step_xk
 run_step xa 300 step_xa
+run_step xn 300 step_xn
 run_step mm 330 step_mm
 run_step dm 400 step_dm
 run_step du 300 step_du

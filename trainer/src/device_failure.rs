@@ -61,7 +61,28 @@ static DEFERRED: Deferred = Deferred(Mutex::new(None));
 /// Records a failure of work already queued on a device, whose results are therefore wrong:
 /// the next [`check`] fails with the first such failure and the count of later ones.
 pub fn defer(failure: String) {
+    #[cfg(test)]
+    if CAPTURED.with(|c| c.borrow_mut().as_mut().map(|v| v.push(failure.clone()))).is_some() {
+        return;
+    }
     DEFERRED.record(failure);
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Where [`captured`] keeps this thread's deferred failures.
+    static CAPTURED: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `f`'s result and the failures [`defer`] got on this thread while it ran, kept from the
+/// process's record: a test provoking a failure does not fail another test's [`check`] that
+/// runs beside it.
+#[cfg(test)]
+pub fn captured<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let out = f();
+    let failures = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (out, failures)
 }
 
 /// What the device reported.

@@ -307,9 +307,9 @@ pub fn layer_norm_backward_params(
 /// reciprocal deviation `[rows, 2]`.
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    stats: FloatTensor<B>,
+    pub(crate) x: FloatTensor<B>,
+    pub(crate) gamma: FloatTensor<B>,
+    pub(crate) stats: FloatTensor<B>,
 }
 
 /// The normalisation as one operation (see the module): the backends that have it.
@@ -860,8 +860,13 @@ mod tests {
                 let (xa, ha, wa) = (track2(&x), track2(&h), track2(&w));
                 let (ba, ga, bea) = (track1(&b), track1(&gamma), track1(&beta));
                 let [y, normed] = if one {
-                    let next =
-                        NextNorm { gamma: ga.clone(), beta: bea.clone(), eps: 1e-5, handoff: None };
+                    let next = NextNorm {
+                        gamma: ga.clone(),
+                        beta: bea.clone(),
+                        eps: 1e-5,
+                        handoff: None,
+                        chain: false,
+                    };
                     linear_residual_norm(xa.clone(), &ha, &wa, &ba, rule, None, next)
                         .expect("a CubeCL type")
                 } else {

@@ -1078,8 +1078,9 @@ impl<B: DeviceMatmul> DeviceOp<B, 3> for BiasedProduct {
 /// A linear layer with its bias and the residual after it, `x + (h · w + b)` times the rule's
 /// mask, as a [`DeviceOp`] of `x`, `h`, `w` and `b`: one node, and under fusion one operation
 /// each way, where the layer and the residual were two. `x`'s gradient is the output's,
-/// handed to the layer normalisation reading `x` where it claimed `handoff` (`handoff`), else
-/// registered.
+/// handed to the operation reading `x` that claimed `handoff` (`handoff`: the layer
+/// normalisation, or `device_residual_norm`'s node whose untracked output `x` is), tracked or
+/// not, else registered where tracked.
 #[derive(Debug, Clone)]
 struct LinearResidual {
     kernel: Kernel,
@@ -1100,12 +1101,12 @@ impl<B: DeviceMatmul> DeviceBackward<B, 4> for LinearResidual {
         dy: FloatTensor<B>,
         [want_x, want_h, want_w, want_b]: [bool; 4],
     ) -> [Option<FloatTensor<B>>; 4] {
-        let dx = match (want_x, &self.handoff) {
-            (true, Some(handoff)) => {
+        let dx = match &self.handoff {
+            Some(handoff) => {
                 handoff.give(dy.clone());
                 None
             }
-            (want, _) => want.then(|| dy.clone()),
+            None => want_x.then(|| dy.clone()),
         };
         let [dh, dw, db] = B::linear_residual_grads(
             dy,
@@ -1406,7 +1407,7 @@ pub fn linear_residual_norm<B: Backend, const D: usize>(
 
 /// Whether [`linear_residual`] takes these: f32, `h` `[.., in]`, `w` `[in, out]`, `b` `[out]`,
 /// `x` `[.., out]` with `h`'s leading axes, under `2^32` elements.
-fn residual_fits<B: Backend, const D: usize>(
+pub(crate) fn residual_fits<B: Backend, const D: usize>(
     x: &Tensor<B, D>,
     h: &Tensor<B, D>,
     w: &Tensor<B, 2>,

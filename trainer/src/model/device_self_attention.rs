@@ -16,10 +16,10 @@
 //! `device_context::takes`); the positions are given back elsewhere, and the caller runs the
 //! parts.
 //!
-//! Off by default, on with `ASRT_ATTENTION_OP=1` ([`enabled`]): on lavapipe the step with it
-//! was slower (4.60-5.04 s against 4.04-4.51 s, bench/RESULTS.md, 2026-12-07 evening) though
-//! every kernel ran as many times, none slower alone; the GPU kit's `xa` step measures it where
-//! it is meant to pay, a GPU step bound by the host.
+//! On by default, off with `ASRT_ATTENTION_OP=0` ([`enabled`]): the GPU kit's `xa` step
+//! alternates the two where it is meant to pay, a GPU step bound by the host. (One lavapipe
+//! A/B found the step slower with it; five pairs on a quiet machine found it 1 % faster,
+//! bench/RESULTS.md, 2026-12-07.)
 //!
 //! Invariants: the output is `device_context`'s of `device_qkv`'s heads; the backward keeps
 //! what the two kept (the input, the weights side by side, and the context's `Saved`),
@@ -251,11 +251,11 @@ fn primitives<B: Backend, C: Backend>(
 type GroupInputs<'a, B> =
     (&'a Tensor<B, 3>, [Tensor<B, 2>; 3], [Tensor<B, 1>; 3], [Tensor<B, 2>; 2]);
 
-/// Whether the encoder takes this operation: `ASRT_ATTENTION_OP=1` (read once; see the
+/// Whether the encoder takes this operation: unless `ASRT_ATTENTION_OP=0` (read once; see the
 /// module).
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("ASRT_ATTENTION_OP").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("ASRT_ATTENTION_OP").as_deref() != Ok("0"))
 }
 
 /// The self-attention under autodiff: one node with the [`PARENTS`] as parents (`keep` takes no

@@ -123,7 +123,9 @@ impl Dropout {
     ///
     /// `next`: the layer normalisation of the output, which the one operation runs in its
     /// residual's kernel (`device_matmul::linear_residual_norm`), returning it beside the
-    /// output; `None` beside it where the caller must run it.
+    /// output; `None` beside it where the caller must run it. In a chain (`NextNorm::chain`)
+    /// the residual and the normalisation are one node (`device_residual_norm`) whose output
+    /// is the normalised, and the residual's output is returned untracked.
     #[allow(clippy::too_many_arguments)]
     pub fn residual_linear<B: Backend, const D: usize>(
         &self,
@@ -142,7 +144,15 @@ impl Dropout {
                 use super::device_matmul::{linear_residual, linear_residual_norm};
                 let (w, b) = (layer.weight.val(), b.val());
                 let rule = r.times(factor);
+                use super::device_residual_norm::linear_residual_then_norm;
+                // Both refuse the same shapes; the layer and the residual alone then run.
                 let x = match next {
+                    Some(next) if next.chain => {
+                        match linear_residual_then_norm(x, &h, &w, &b, rule, handoff, next) {
+                            Ok([y, normed]) => return (y, Some(normed)),
+                            Err(x) => x,
+                        }
+                    }
                     Some(next) => match linear_residual_norm(x, &h, &w, &b, rule, handoff, next) {
                         Ok([y, normed]) => return (y, Some(normed)),
                         Err(x) => x,
@@ -203,6 +213,10 @@ pub struct NextNorm<'a, B: Backend> {
     pub eps: f64,
     /// Claimed in the normalisation's forward, where given.
     pub handoff: Option<&'a Handoff>,
+    /// The residual's output is read only by the next residual connection of a chain whose
+    /// connections all take the device operation (`device_residual_norm::chain_fits`): the
+    /// residual and the normalisation may be one node, the output untracked.
+    pub chain: bool,
 }
 
 /// Which elements one dropout call keeps, and their factor.

@@ -45,7 +45,9 @@ fn layer_norm<B: Backend, const D: usize>(
 /// The residual connection after `layer` of `h` (`Dropout::residual_linear`, handing `x`'s
 /// gradient over `link[at]`), then `norm` of its output, claiming `link[at + 1]` where there is
 /// one: `(the residual's output, the normalised)`. The normalisation's forward runs in the
-/// residual's kernel where both are device operations, else on its own ([`layer_norm`]).
+/// residual's kernel where both are device operations, else on its own ([`layer_norm`]). In a
+/// `chain` (`device_residual_norm::chain_fits`) the two may be one node, the residual's output
+/// untracked: the caller gives it only to the chain's next connection, or drops it.
 #[allow(clippy::too_many_arguments)]
 fn residual_then_norm<B: Backend>(
     d: &Dropout,
@@ -57,6 +59,7 @@ fn residual_then_norm<B: Backend>(
     link: &[Handoff; 4],
     at: usize,
     norm: &LayerNorm<B>,
+    chain: bool,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let handoff = link.get(at + 1);
     let next = norm.beta.as_ref().map(|beta| NextNorm {
@@ -64,6 +67,7 @@ fn residual_then_norm<B: Backend>(
         beta: beta.val(),
         eps: LAYER_NORM_EPS,
         handoff,
+        chain,
     });
     match d.residual_linear(x, layer, h, factor, p, link.get(at), next) {
         (x, Some(normed)) => (x, normed),
@@ -329,8 +333,8 @@ impl<B: Backend> RelPositionAttention<B> {
         let [_, _, d] = x.dims();
         let (h, dk) = (self.heads, d / self.heads);
         let divisor = (dk as f64).sqrt();
-        // With `ASRT_ATTENTION_OP=1`, in f32 on the CubeCL backends the whole attention is one
-        // operation each way (`device_self_attention`: the projections' group, then the
+        // In f32 on the CubeCL backends the whole attention is one operation each way unless
+        // `ASRT_ATTENTION_OP=0` (`device_self_attention`: the projections' group, then the
         // context).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let pos = match p.compute() {
@@ -649,19 +653,32 @@ impl<B: Backend> ConformerLayer<B> {
         // the layer normalisation reading the same input (`handoff`).
         // The normalisation after each residual runs in the residual's kernel where both are
         // on the device (`residual_then_norm`).
+        // Where every connection takes the device operation, each with the normalisation after
+        // it is one node (`device_residual_norm`), and the residual's output, untracked, goes
+        // only to the next connection, which hands its gradient back.
         let d = &self.dropout;
         let link = [0; 4].map(|_| Handoff::new());
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let chain = super::device_residual_norm::chain_fits(&[
+            &self.ff1.down,
+            &self.att.out,
+            &self.conv.pointwise2,
+            &self.ff2.down,
+        ]);
+        #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+        let chain = false;
+        let (ff1, att, conv, ff2) =
+            (&self.ff1.down, &self.att.out, &self.conv.pointwise2, &self.ff2.down);
         let h = self.ff1.hidden(layer_norm(&self.norm_ff1, x.clone(), Some(&link[0])), p);
-        let (x, normed) =
-            residual_then_norm(d, x, &self.ff1.down, h, 0.5, p, &link, 0, &self.norm_att);
+        let (x, normed) = residual_then_norm(d, x, ff1, h, 0.5, p, &link, 0, &self.norm_att, chain);
         let h = self.att.context(normed, pos, pad, &keep, p);
         let (x, normed) =
-            residual_then_norm(d, x, &self.att.out, h, 1.0, p, &link, 1, &self.norm_conv);
+            residual_then_norm(d, x, att, h, 1.0, p, &link, 1, &self.norm_conv, chain);
         let h = self.conv.hidden(normed, keep, p);
         let (x, normed) =
-            residual_then_norm(d, x, &self.conv.pointwise2, h, 1.0, p, &link, 2, &self.norm_ff2);
+            residual_then_norm(d, x, conv, h, 1.0, p, &link, 2, &self.norm_ff2, chain);
         let h = self.ff2.hidden(normed, p);
-        residual_then_norm(d, x, &self.ff2.down, h, 0.5, p, &link, 3, &self.norm_out).1
+        residual_then_norm(d, x, ff2, h, 0.5, p, &link, 3, &self.norm_out, chain).1
     }
 }
 

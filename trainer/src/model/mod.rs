@@ -42,6 +42,8 @@ pub mod device_qkv;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_rel_shift;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_residual_norm;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_self_attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_strided;
