@@ -79,9 +79,9 @@ struct ResidualNorm {
 /// statistics) and the layer's input and weight.
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
-    norm: device_layer_norm::Saved<B>,
-    h: FloatTensor<B>,
-    w: FloatTensor<B>,
+    pub(crate) norm: device_layer_norm::Saved<B>,
+    pub(crate) h: FloatTensor<B>,
+    pub(crate) w: FloatTensor<B>,
 }
 
 /// The backward as one operation (see the module): the backends that have it. The provided
@@ -161,7 +161,7 @@ where
 /// [`DeviceResidualNorm::residual_norm_backward`] on `B`, with the layer's operands given only
 /// where their gradients are asked for (its input's gradient reads `w`, its weight's `h`, as in
 /// `LinearResidual`'s backward).
-fn grads<B: DeviceMatmul + DeviceLayerNorm>(
+pub(crate) fn grads<B: DeviceMatmul + DeviceLayerNorm>(
     norm: device_layer_norm::Saved<B>,
     w: Option<FloatTensor<B>>,
     h: Option<FloatTensor<B>>,
@@ -189,26 +189,39 @@ impl<B: DeviceResidualNorm> DeviceBackward<B, 6> for ResidualNorm {
         dy: FloatTensor<B>,
         tracked: [bool; 6],
     ) -> [Option<FloatTensor<B>>; 6] {
-        let addend = self.next.as_ref().and_then(|h| h.take::<FloatTensor<B>>());
-        if self.next.is_some() && addend.is_none() {
-            crate::device_failure::defer(
-                "a residual connection's output was read by an operation that did not hand its \
-                 gradient back: the gradient is lost (model::device_residual_norm)"
-                    .to_string(),
-            );
-        }
+        let addend = addend::<B>(&self.next);
         let mut asked = tracked;
         // The residual's input's gradient is computed for a claimed handoff even where the
         // input is untracked (the previous node's untracked output).
         asked[0] |= self.handoff.is_some();
         let settings = (self.rule, self.kernel);
         let mut grads = B::residual_norm_backward(saved, dy, addend, settings, asked);
-        if let Some(handoff) = &self.handoff {
-            if let Some(dr) = grads[0].take() {
-                handoff.give(dr);
-            }
-        }
+        hand_over::<B>(&self.handoff, &mut grads[0]);
         grads
+    }
+}
+
+/// The residual's output's gradient handed over `next`, which the node claimed; where nothing
+/// was given the gradient is lost, and a device failure is recorded (see the module).
+pub(crate) fn addend<B: Backend>(next: &Option<Handoff>) -> Option<FloatTensor<B>> {
+    let addend = next.as_ref().and_then(|h| h.take::<FloatTensor<B>>());
+    if next.is_some() && addend.is_none() {
+        crate::device_failure::defer(
+            "a residual connection's output was read by an operation that did not hand its \
+             gradient back: the gradient is lost (model::device_residual_norm)"
+                .to_string(),
+        );
+    }
+    addend
+}
+
+/// The residual's input's gradient `dx` handed over `handoff` where a receiver claimed it
+/// (`dx` then left `None`), else left for autodiff.
+pub(crate) fn hand_over<B: Backend>(handoff: &Option<Handoff>, dx: &mut Option<FloatTensor<B>>) {
+    if let Some(handoff) = handoff {
+        if let Some(g) = dx.take() {
+            handoff.give(g);
+        }
     }
 }
 

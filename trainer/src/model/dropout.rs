@@ -82,6 +82,12 @@ impl Dropout {
         Some(Rule::new(next_seed(), 1.0 - self.prob))
     }
 
+    /// Whether [`Self::draw`] would draw a rule (and take a seed) on `B`: for an operation
+    /// that must know before drawing whether it runs (`device_feed_forward`).
+    pub fn draws<B: Backend>(&self, device: &B::Device) -> bool {
+        B::ad_enabled(device) && self.prob != 0.0
+    }
+
     /// `x` with the dropout applied (training) or `x` itself (evaluation, or `prob == 0`).
     pub fn forward<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let device = x.device();

@@ -564,6 +564,46 @@ impl<B: Backend> FeedForward<B> {
     fn hidden(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
         linear_swish_dropped(p, &self.up, x, &self.dropout)
     }
+
+    /// This module of `n`, then `down` with the residual connection from `x` (dropout `d`,
+    /// times `factor`) and `norm` after it, as [`residual_then_norm`] takes them. In a `chain`
+    /// in f32 on the CubeCL backends in training all of it is one node and one operation each
+    /// way (`device_feed_forward`), where it was two.
+    #[allow(clippy::too_many_arguments)]
+    fn with_residual_norm(
+        &self,
+        d: &Dropout,
+        x: Tensor<B, 3>,
+        n: Tensor<B, 3>,
+        factor: f32,
+        p: Precision,
+        link: &[Handoff; 4],
+        at: usize,
+        norm: &LayerNorm<B>,
+        chain: bool,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let x = match (&norm.beta, chain && p.compute().is_none()) {
+            (Some(beta), true) => {
+                use super::device_feed_forward::train_on_device;
+                let next = NextNorm {
+                    gamma: norm.gamma.val(),
+                    beta: beta.val(),
+                    eps: LAYER_NORM_EPS,
+                    handoff: link.get(at + 1),
+                    chain,
+                };
+                let (layers, dropouts) = ([&self.up, &self.down], [&self.dropout, d]);
+                match train_on_device(layers, dropouts, factor, x, &n, link.get(at), next) {
+                    Ok([x, normed]) => return (x, normed),
+                    Err(x) => x,
+                }
+            }
+            _ => x,
+        };
+        let h = self.hidden(n, p);
+        residual_then_norm(d, x, &self.down, h, factor, p, link, at, norm, chain)
+    }
 }
 
 /// Convolution module: pointwise to 2d, GLU, depthwise conv, batch norm, Swish, pointwise.
@@ -654,8 +694,9 @@ impl<B: Backend> ConformerLayer<B> {
         // The normalisation after each residual runs in the residual's kernel where both are
         // on the device (`residual_then_norm`).
         // Where every connection takes the device operation, each with the normalisation after
-        // it is one node (`device_residual_norm`), and the residual's output, untracked, goes
-        // only to the next connection, which hands its gradient back.
+        // it is one node (`device_residual_norm`; with the whole feed-forward module before it,
+        // `device_feed_forward`), and the residual's output, untracked, goes only to the next
+        // connection, which hands its gradient back.
         let d = &self.dropout;
         let link = [0; 4].map(|_| Handoff::new());
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -667,18 +708,17 @@ impl<B: Backend> ConformerLayer<B> {
         ]);
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         let chain = false;
-        let (ff1, att, conv, ff2) =
-            (&self.ff1.down, &self.att.out, &self.conv.pointwise2, &self.ff2.down);
-        let h = self.ff1.hidden(layer_norm(&self.norm_ff1, x.clone(), Some(&link[0])), p);
-        let (x, normed) = residual_then_norm(d, x, ff1, h, 0.5, p, &link, 0, &self.norm_att, chain);
+        let (att, conv) = (&self.att.out, &self.conv.pointwise2);
+        let n = layer_norm(&self.norm_ff1, x.clone(), Some(&link[0]));
+        let (x, normed) =
+            self.ff1.with_residual_norm(d, x, n, 0.5, p, &link, 0, &self.norm_att, chain);
         let h = self.att.context(normed, pos, pad, &keep, p);
         let (x, normed) =
             residual_then_norm(d, x, att, h, 1.0, p, &link, 1, &self.norm_conv, chain);
         let h = self.conv.hidden(normed, keep, p);
         let (x, normed) =
             residual_then_norm(d, x, conv, h, 1.0, p, &link, 2, &self.norm_ff2, chain);
-        let h = self.ff2.hidden(normed, p);
-        residual_then_norm(d, x, ff2, h, 0.5, p, &link, 3, &self.norm_out, chain).1
+        self.ff2.with_residual_norm(d, x, normed, 0.5, p, &link, 3, &self.norm_out, chain).1
     }
 }
 

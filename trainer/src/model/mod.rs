@@ -24,6 +24,8 @@ pub mod device_depthwise;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_dropout;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_feed_forward;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_gates;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_heads;
