@@ -20,12 +20,13 @@
 # call 1's binaries where they were. Call 1:
 #   bash scripts/gpu/run.sh --short --work /tmp/asrt-kit
 # and at once, while the machine is still held, call 2 with what is left:
-#   bash scripts/gpu/run.sh --only hp,xl,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
+#   bash scripts/gpu/run.sh --only hp,xn,xa,xl,xj,xk,db --budget SECONDS --work /tmp/asrt-kit
 # On an H200 (2026-11-30 evening) the steps took: env 6 s, g 2, cg 52, d 93, dw 36, e 30, mm 24
 # (five kernels), dm 76, hp 41, mb 21, bm 82, ma 5, dc 35, ds 36; dk about as dm, dj as dw; so
 # an alternated step about 4 x 36 s, and its variant's compiling run besides. Call 1 about
-# 450 s; call 2's budget cuts it (hp, xl and xj take about 330 s; then xk and db: db is bm with
-# the default products, cuBLAS's on CUDA, so it needs no mb).
+# 450 s; call 2's budget cuts it (hp, xn and xa, the two newest defaults, take about 330 s;
+# then xl, xj, xk and db: db is bm with the default products, cuBLAS's on CUDA, so it needs no
+# mb).
 # With --work a call keeps in DIR the kernel cache, the synthetic corpora, d's configuration and
 # parameter count, mm's timings and dm's kernel, and a later call with the same DIR reuses them: dm then
 # compiles only its matmul kernels, not the whole preset again (about 100 s on an H200). What a
