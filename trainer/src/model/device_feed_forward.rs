@@ -31,7 +31,7 @@ use burn::backend::Autodiff;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
@@ -64,6 +64,20 @@ pub struct Saved<B: Backend> {
     rest: device_residual_norm::Saved<B>,
 }
 
+impl<B: Backend> Saved<B> {
+    /// From the first layer's input and weight, the Swish's input, and `[the residual's
+    /// output, the scale, the statistics, the hidden layer, the second weight]`.
+    fn new(
+        n: FloatTensor<B>,
+        w_up: FloatTensor<B>,
+        gate_in: FloatTensor<B>,
+        [r, gamma, stats, g, w_down]: [FloatTensor<B>; 5],
+    ) -> Self {
+        let norm = device_layer_norm::Saved { x: r, gamma, stats };
+        Saved { n, w_up, gate_in, rest: device_residual_norm::Saved { norm, h: g, w: w_down } }
+    }
+}
+
 /// The module with its residual and normalisation as one operation (see the module): the
 /// backends that have it. The provided methods run the parts on `Self`; under fusion
 /// ([`Fusion`]'s override) on the inner backend inside one operation of the stream.
@@ -83,9 +97,8 @@ pub trait DeviceFeedForward: DeviceMatmul + DeviceLayerNorm {
         let (x, h, w) = (x, g.clone(), w_down.clone());
         let [r, normed, stats] =
             Self::linear_residual_norm_forward(x, h, w, b_down, s.rule, s.kernel, norm, s.eps);
-        let norm = device_layer_norm::Saved { x: r.clone(), gamma, stats };
-        let rest = device_residual_norm::Saved { norm, h: g, w: w_down };
-        (normed, r, Saved { n, w_up, gate_in, rest })
+        let rest = [r.clone(), gamma, stats, g, w_down];
+        (normed, r, Saved::new(n, w_up, gate_in, rest))
     }
 
     /// The gradients of the eight inputs that `asked` names, from the normalised's `dy` and
@@ -184,9 +197,8 @@ where
         let Ok([normed, r, stats, g, gate_in]) = <[FloatTensor<Self>; 5]>::try_from(outs) else {
             unreachable!("the feed-forward module: five outputs were declared")
         };
-        let norm = device_layer_norm::Saved { x: r.clone(), gamma, stats };
-        let rest = device_residual_norm::Saved { norm, h: g, w: w_down };
-        (normed, r, Saved { n, w_up, gate_in, rest })
+        let rest = [r.clone(), gamma, stats, g, w_down];
+        (normed, r, Saved::new(n, w_up, gate_in, rest))
     }
 
     /// One operation of fusion's stream, its inputs `dy`, the addend, what the forward kept
@@ -347,9 +359,7 @@ pub fn train_on_device<B: Backend>(
                 let (normed, r, saved) = T::feed_forward_forward(inputs, op.settings);
                 (normed, saved, r)
             });
-            let r = Tensor::<A, 3>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(r)));
-            let normed = Tensor::<A, 3>::from_primitive(TensorPrimitive::Float(normed));
-            Ok([same(r), same(normed)])
+            Ok(device_residual_norm::outputs::<T, 3>(r, normed).map(same))
         },
         { Err(x) }
     );

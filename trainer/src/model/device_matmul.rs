@@ -1355,10 +1355,7 @@ pub fn linear_residual_norm<B: Backend, const D: usize>(
     handoff: Option<&Handoff>,
     next: NextNorm<'_, B>,
 ) -> Result<[Tensor<B, D>; 2], Tensor<B, D>> {
-    let [o] = b.dims();
-    let norm_fits =
-        [&next.gamma, &next.beta].iter().all(|t| t.dims() == [o] && t.dtype() == DType::F32);
-    if !norm_fits || !residual_fits(&x, h, w, b) {
+    if !residual_norm_fits(&x, h, w, b, &next) {
         return Err(x);
     }
     let op = LinearResidual { kernel: chosen(), rule, handoff: Handoff::offered(handoff) };
@@ -1405,9 +1402,24 @@ pub fn linear_residual_norm<B: Backend, const D: usize>(
     Err(x)
 }
 
+/// Whether [`linear_residual_norm`] takes these: what [`linear_residual`] takes, and `next`'s
+/// scale and shift f32 `[out]`.
+pub(crate) fn residual_norm_fits<B: Backend, const D: usize>(
+    x: &Tensor<B, D>,
+    h: &Tensor<B, D>,
+    w: &Tensor<B, 2>,
+    b: &Tensor<B, 1>,
+    next: &NextNorm<'_, B>,
+) -> bool {
+    let [o] = b.dims();
+    let norm_fits =
+        [&next.gamma, &next.beta].iter().all(|t| t.dims() == [o] && t.dtype() == DType::F32);
+    norm_fits && residual_fits(x, h, w, b)
+}
+
 /// Whether [`linear_residual`] takes these: f32, `h` `[.., in]`, `w` `[in, out]`, `b` `[out]`,
 /// `x` `[.., out]` with `h`'s leading axes, under `2^32` elements.
-pub(crate) fn residual_fits<B: Backend, const D: usize>(
+fn residual_fits<B: Backend, const D: usize>(
     x: &Tensor<B, D>,
     h: &Tensor<B, D>,
     w: &Tensor<B, 2>,

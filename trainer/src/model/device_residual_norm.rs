@@ -201,6 +201,16 @@ impl<B: DeviceResidualNorm> DeviceBackward<B, 6> for ResidualNorm {
     }
 }
 
+/// A node's two outputs as the encoder takes them: `[the residual's output, untracked; the
+/// normalised, the node's output]`.
+pub(crate) fn outputs<T: Backend, const D: usize>(
+    r: FloatTensor<T>,
+    normed: FloatTensor<Autodiff<T>>,
+) -> [Tensor<Autodiff<T>, D>; 2] {
+    let r = Tensor::<Autodiff<T>, D>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(r)));
+    [r, Tensor::from_primitive(TensorPrimitive::Float(normed))]
+}
+
 /// The residual's output's gradient handed over `next`, which the node claimed; where nothing
 /// was given the gradient is lost, and a device failure is recorded (see the module).
 pub(crate) fn addend<B: Backend>(next: &Option<Handoff>) -> Option<FloatTensor<B>> {
@@ -239,10 +249,7 @@ pub fn linear_residual_then_norm<B: Backend, const D: usize>(
     handoff: Option<&Handoff>,
     next: NextNorm<'_, B>,
 ) -> Result<[Tensor<B, D>; 2], Tensor<B, D>> {
-    let [o] = b.dims();
-    let norm_fits =
-        [&next.gamma, &next.beta].iter().all(|t| t.dims() == [o] && t.dtype() == DType::F32);
-    if !norm_fits || !device_matmul::residual_fits(&x, h, w, b) {
+    if !device_matmul::residual_norm_fits(&x, h, w, b, &next) {
         return Err(x);
     }
     let op = ResidualNorm {
@@ -281,9 +288,7 @@ pub fn linear_residual_then_norm<B: Backend, const D: usize>(
                 let norm = device_layer_norm::Saved { x: r.clone(), gamma, stats };
                 (normed, Saved { norm, h, w }, r)
             });
-            let r = Tensor::<A, D>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(r)));
-            let normed = Tensor::<A, D>::from_primitive(TensorPrimitive::Float(normed));
-            Ok([same(r), same(normed)])
+            Ok(outputs::<T, D>(r, normed).map(same))
         },
         { Err(x) }
     );

@@ -62,13 +62,7 @@ fn residual_then_norm<B: Backend>(
     chain: bool,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let handoff = link.get(at + 1);
-    let next = norm.beta.as_ref().map(|beta| NextNorm {
-        gamma: norm.gamma.val(),
-        beta: beta.val(),
-        eps: LAYER_NORM_EPS,
-        handoff,
-        chain,
-    });
+    let next = next_norm(norm, handoff, chain);
     match d.residual_linear(x, layer, h, factor, p, link.get(at), next) {
         (x, Some(normed)) => (x, normed),
         (x, None) => {
@@ -76,6 +70,17 @@ fn residual_then_norm<B: Backend>(
             (x, normed)
         }
     }
+}
+
+/// `norm` as the normalisation after a residual connection, claiming `handoff`; `None` without
+/// a shift (`device_layer_norm` needs one).
+fn next_norm<'a, B: Backend>(
+    norm: &LayerNorm<B>,
+    handoff: Option<&'a Handoff>,
+    chain: bool,
+) -> Option<NextNorm<'a, B>> {
+    let beta = norm.beta.as_ref()?.val();
+    Some(NextNorm { gamma: norm.gamma.val(), beta, eps: LAYER_NORM_EPS, handoff, chain })
 }
 
 /// Output length of one stride-2, kernel-3, padding-1 stage.
@@ -583,16 +588,9 @@ impl<B: Backend> FeedForward<B> {
         chain: bool,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let x = match (&norm.beta, chain && p.compute().is_none()) {
-            (Some(beta), true) => {
+        let x = match next_norm(norm, link.get(at + 1), chain) {
+            Some(next) if chain && p.compute().is_none() => {
                 use super::device_feed_forward::train_on_device;
-                let next = NextNorm {
-                    gamma: norm.gamma.val(),
-                    beta: beta.val(),
-                    eps: LAYER_NORM_EPS,
-                    handoff: link.get(at + 1),
-                    chain,
-                };
                 let (layers, dropouts) = ([&self.up, &self.down], [&self.dropout, d]);
                 match train_on_device(layers, dropouts, factor, x, &n, link.get(at), next) {
                     Ok([x, normed]) => return (x, normed),
