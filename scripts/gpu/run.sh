@@ -520,8 +520,8 @@ alternate() {
   done
 }
 # The alternated A/Bs of the default (dw) against: --fusion off (xu), the loss read before the
-# backward is queued (xl), no graph join (xj), Burn's product (xk), the whole attention as one
-# operation's two parts (xa), the residual connections and their normalisations as two nodes (xn).
+# backward is queued (xl), no graph join (xj), Burn's product (xk), the attention as its two
+# operations (xa), the residual connections and their normalisations as two nodes (xn).
 step_xu() { alternate xu 1 "" --fusion off; }
 check_xu() { py train-ab "$1" "$logs/xu.log" "$work" xu "--fusion off"; }
 step_xl() { alternate xl 0 "ASRT_LOSS_READ=forward"; }

@@ -39,7 +39,7 @@ use super::device_gates::{After, Gate};
 use super::device_layer_norm::{self, DeviceLayerNorm};
 use super::device_matmul::{chosen, DeviceMatmul, Kernel};
 use super::device_op::{self, on_cube_types, DeviceBackward};
-use super::device_residual_norm::{self, addend, hand_over};
+use super::device_residual_norm::{self, Links};
 use super::dropout::{Dropout, NextNorm, Rule};
 use super::handoff::Handoff;
 use super::host_depthwise::{float, same};
@@ -112,7 +112,7 @@ pub trait DeviceFeedForward: DeviceMatmul + DeviceLayerNorm {
     ) -> [Option<FloatTensor<Self>>; 8] {
         let Saved { n, w_up, gate_in, rest } = saved;
         let device_residual_norm::Saved { norm, h: g, w: w_down } = rest;
-        let [rest_asked, up_asked] = split(asked);
+        let (rest_asked, up_asked) = split(asked);
         let down = [rest_asked[1].then_some(w_down), rest_asked[2].then_some(g)];
         let up = [up_asked[0].then_some(w_up), up_asked[1].then_some(n)];
         grads::<Self>(norm, down, gate_in, up, dy, addend, s, asked)
@@ -121,10 +121,9 @@ pub trait DeviceFeedForward: DeviceMatmul + DeviceLayerNorm {
 
 /// What `device_residual_norm::grads` is asked for (the hidden layer's gradient wherever the
 /// first layer needs one), and the first layer's input's and weight's.
-fn split(asked: [bool; 8]) -> [[bool; 6]; 2] {
+fn split(asked: [bool; 8]) -> ([bool; 6], [bool; 2]) {
     let hidden = asked[1] || asked[2] || asked[3];
-    let rest = [asked[0], hidden, asked[4], asked[5], asked[6], asked[7]];
-    [rest, [asked[1], asked[2], false, false, false, false]]
+    ([asked[0], hidden, asked[4], asked[5], asked[6], asked[7]], [asked[1], asked[2]])
 }
 
 /// The backward on `B`: the normalisation's and the second layer's (`device_residual_norm`),
@@ -142,7 +141,7 @@ fn grads<B: DeviceMatmul + DeviceLayerNorm>(
     s: Settings,
     asked: [bool; 8],
 ) -> [Option<FloatTensor<B>>; 8] {
-    let [rest_asked, _] = split(asked);
+    let (rest_asked, _) = split(asked);
     let settings = (s.rule, s.kernel);
     let [dr, dg, dw_down, db_down, d_gamma, d_beta] =
         device_residual_norm::grads::<B>(norm, w_down, g, dy, addend, settings, rest_asked);
@@ -184,7 +183,7 @@ where
         }
         let shapes = [dims.clone(), dims, vec![rows, 2], hidden.clone(), hidden];
         let outputs = shapes.into_iter().map(|s| (s, DType::F32)).collect();
-        let [_, n, w_up, _, w_down, _, gamma, _] = inputs.clone();
+        let [n, w_up, w_down, gamma] = [1, 2, 4, 6].map(|i| inputs[i].clone());
         let run = move |ins: Vec<FloatTensor<B>>| {
             let Ok(ins) = <[FloatTensor<B>; 8]>::try_from(ins) else {
                 unreachable!("the feed-forward module: eight inputs")
@@ -220,7 +219,7 @@ where
         let shapes = shapes.chain([width.clone(), width]);
         let outputs: Vec<_> =
             shapes.zip(asked).filter(|(_, a)| *a).map(|(s, _)| (s, DType::F32)).collect();
-        let [rest_asked, up_asked] = split(asked);
+        let (rest_asked, up_asked) = split(asked);
         let has_addend = addend.is_some();
         // An operand the backward does not read is not held for it.
         let down = [rest_asked[1].then_some(w_down), rest_asked[2].then_some(g)];
@@ -252,10 +251,7 @@ where
 #[derive(Debug, Clone)]
 struct FeedForward {
     settings: Settings,
-    /// Where a receiver claimed it: the residual's input's gradient is handed over there.
-    handoff: Option<Handoff>,
-    /// Claimed in the forward: the residual's output's gradient from its other reader.
-    next: Option<Handoff>,
+    links: Links,
 }
 
 impl<B: DeviceFeedForward> DeviceBackward<B, 8> for FeedForward {
@@ -271,14 +267,9 @@ impl<B: DeviceFeedForward> DeviceBackward<B, 8> for FeedForward {
         dy: FloatTensor<B>,
         tracked: [bool; 8],
     ) -> [Option<FloatTensor<B>>; 8] {
-        let addend = addend::<B>(&self.next);
-        let mut asked = tracked;
-        // As `device_residual_norm`: the residual's input's gradient goes to a claimed handoff
-        // even where that input is untracked.
-        asked[0] |= self.handoff.is_some();
-        let mut grads = B::feed_forward_backward(saved, dy, addend, self.settings, asked);
-        hand_over::<B>(&self.handoff, &mut grads[0]);
-        grads
+        self.links.backward::<B, _>(tracked, |addend, asked| {
+            B::feed_forward_backward(saved, dy, addend, self.settings, asked)
+        })
     }
 }
 
@@ -337,11 +328,7 @@ pub fn train_on_device<B: Backend>(
             };
             let settings =
                 Settings { kernel: chosen(), up_rule, rule: rule.times(factor), eps: next.eps };
-            let op = FeedForward {
-                settings,
-                handoff: Handoff::offered(handoff),
-                next: Handoff::receive(next.handoff),
-            };
+            let op = FeedForward { settings, links: Links::new(handoff, next.handoff) };
             let t3 = |t: Tensor<B, 3>| float(same::<_, Tensor<A, 3>>(t));
             let t2 = |t: &Tensor<B, 2>| float(same::<_, Tensor<A, 2>>(t.clone()));
             let t1 = |t: &Tensor<B, 1>| float(same::<_, Tensor<A, 1>>(t.clone()));

@@ -63,16 +63,59 @@ pub fn chain_fits<B: Backend>(layers: &[&Linear<B>]) -> bool {
 }
 
 /// The settings: the layer's kernel, the residual's mask rule, the normalisation's epsilon and
-/// the two handoffs.
+/// the node's handoffs.
 #[derive(Debug, Clone)]
 struct ResidualNorm {
     kernel: Kernel,
     rule: Rule,
     eps: f64,
+    links: Links,
+}
+
+/// A node's two handoffs (see the module), this one's and `device_feed_forward`'s.
+#[derive(Debug, Clone)]
+pub(crate) struct Links {
     /// Where a receiver claimed it: the residual's input's gradient is handed over there.
     handoff: Option<Handoff>,
     /// Claimed in the forward: the residual's output's gradient from its other reader.
     next: Option<Handoff>,
+}
+
+impl Links {
+    /// In the node's forward: `handoff` kept where a receiver claimed it, `next` claimed.
+    pub(crate) fn new(handoff: Option<&Handoff>, next: Option<&Handoff>) -> Self {
+        Links { handoff: Handoff::offered(handoff), next: Handoff::receive(next) }
+    }
+
+    /// The node's backward around `grads(addend, asked)`: `addend` the residual's output's
+    /// gradient handed over `next`; `asked` the `tracked` inputs, and the residual's input
+    /// (first) wherever a receiver claimed `handoff`, tracked or not (the previous node's
+    /// untracked output). That gradient is then handed over instead of returned. Where `next`
+    /// was claimed and nothing was given, the gradient is lost: a device failure is recorded
+    /// (see the module).
+    pub(crate) fn backward<B: Backend, const N: usize>(
+        &self,
+        tracked: [bool; N],
+        grads: impl FnOnce(Option<FloatTensor<B>>, [bool; N]) -> [Option<FloatTensor<B>>; N],
+    ) -> [Option<FloatTensor<B>>; N] {
+        let addend = self.next.as_ref().and_then(|h| h.take::<FloatTensor<B>>());
+        if self.next.is_some() && addend.is_none() {
+            crate::device_failure::defer(
+                "a residual connection's output was read by an operation that did not hand its \
+                 gradient back: the gradient is lost (model::device_residual_norm)"
+                    .to_string(),
+            );
+        }
+        let mut asked = tracked;
+        asked[0] |= self.handoff.is_some();
+        let mut grads = grads(addend, asked);
+        if let Some(handoff) = &self.handoff {
+            if let Some(dx) = grads[0].take() {
+                handoff.give(dx);
+            }
+        }
+        grads
+    }
 }
 
 /// What the backward needs: the normalisation's (the residual's output, the scale, the rows'
@@ -189,15 +232,10 @@ impl<B: DeviceResidualNorm> DeviceBackward<B, 6> for ResidualNorm {
         dy: FloatTensor<B>,
         tracked: [bool; 6],
     ) -> [Option<FloatTensor<B>>; 6] {
-        let addend = addend::<B>(&self.next);
-        let mut asked = tracked;
-        // The residual's input's gradient is computed for a claimed handoff even where the
-        // input is untracked (the previous node's untracked output).
-        asked[0] |= self.handoff.is_some();
         let settings = (self.rule, self.kernel);
-        let mut grads = B::residual_norm_backward(saved, dy, addend, settings, asked);
-        hand_over::<B>(&self.handoff, &mut grads[0]);
-        grads
+        self.links.backward::<B, _>(tracked, |addend, asked| {
+            B::residual_norm_backward(saved, dy, addend, settings, asked)
+        })
     }
 }
 
@@ -209,30 +247,6 @@ pub(crate) fn outputs<T: Backend, const D: usize>(
 ) -> [Tensor<Autodiff<T>, D>; 2] {
     let r = Tensor::<Autodiff<T>, D>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(r)));
     [r, Tensor::from_primitive(TensorPrimitive::Float(normed))]
-}
-
-/// The residual's output's gradient handed over `next`, which the node claimed; where nothing
-/// was given the gradient is lost, and a device failure is recorded (see the module).
-pub(crate) fn addend<B: Backend>(next: &Option<Handoff>) -> Option<FloatTensor<B>> {
-    let addend = next.as_ref().and_then(|h| h.take::<FloatTensor<B>>());
-    if next.is_some() && addend.is_none() {
-        crate::device_failure::defer(
-            "a residual connection's output was read by an operation that did not hand its \
-             gradient back: the gradient is lost (model::device_residual_norm)"
-                .to_string(),
-        );
-    }
-    addend
-}
-
-/// The residual's input's gradient `dx` handed over `handoff` where a receiver claimed it
-/// (`dx` then left `None`), else left for autodiff.
-pub(crate) fn hand_over<B: Backend>(handoff: &Option<Handoff>, dx: &mut Option<FloatTensor<B>>) {
-    if let Some(handoff) = handoff {
-        if let Some(g) = dx.take() {
-            handoff.give(g);
-        }
-    }
 }
 
 /// `x + (h · w + b)` times `rule`'s mask, then `next`'s layer normalisation of it:
@@ -252,13 +266,8 @@ pub fn linear_residual_then_norm<B: Backend, const D: usize>(
     if !device_matmul::residual_norm_fits(&x, h, w, b, &next) {
         return Err(x);
     }
-    let op = ResidualNorm {
-        kernel: chosen(),
-        rule,
-        eps: next.eps,
-        handoff: Handoff::offered(handoff),
-        next: Handoff::receive(next.handoff),
-    };
+    let links = Links::new(handoff, next.handoff);
+    let op = ResidualNorm { kernel: chosen(), rule, eps: next.eps, links };
     on_cube_types!(
         B,
         T,

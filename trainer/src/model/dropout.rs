@@ -76,7 +76,7 @@ impl Dropout {
     /// `None` (no seed taken) where the dropout is the identity. For operations that apply the
     /// dropout inside themselves (`device_attention`).
     pub fn draw<B: Backend>(&self, device: &B::Device) -> Option<Rule> {
-        if !B::ad_enabled(device) || self.prob == 0.0 {
+        if !self.draws::<B>(device) {
             return None;
         }
         Some(Rule::new(next_seed(), 1.0 - self.prob))
@@ -148,9 +148,9 @@ impl Dropout {
         let x = match (rule, &layer.bias, p.compute()) {
             (Some(r), Some(b), None) => {
                 use super::device_matmul::{linear_residual, linear_residual_norm};
+                use super::device_residual_norm::linear_residual_then_norm;
                 let (w, b) = (layer.weight.val(), b.val());
                 let rule = r.times(factor);
-                use super::device_residual_norm::linear_residual_then_norm;
                 // Both refuse the same shapes; the layer and the residual alone then run.
                 let x = match next {
                     Some(next) if next.chain => {

@@ -587,9 +587,13 @@ impl<B: Backend> FeedForward<B> {
         norm: &LayerNorm<B>,
         chain: bool,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        // The normalisation's parameters are read only where the operation may run.
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let x = match next_norm(norm, link.get(at + 1), chain) {
-            Some(next) if chain && p.compute().is_none() => {
+        let next =
+            (chain && p.compute().is_none()).then(|| next_norm(norm, link.get(at + 1), chain));
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let x = match next.flatten() {
+            Some(next) => {
                 use super::device_feed_forward::train_on_device;
                 let (layers, dropouts) = ([&self.up, &self.down], [&self.dropout, d]);
                 match train_on_device(layers, dropouts, factor, x, &n, link.get(at), next) {
