@@ -31,7 +31,7 @@ use burn::backend::Autodiff;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
@@ -50,9 +50,9 @@ const PARENTS: usize = 11;
 /// The operation's settings: the heads, the projections' kernel and the context's.
 #[derive(Debug, Clone, Copy)]
 pub struct SelfAttention {
-    heads: usize,
-    kernel: Kernel,
-    context: Attend,
+    pub(crate) heads: usize,
+    pub(crate) kernel: Kernel,
+    pub(crate) context: Attend,
 }
 
 /// What the forward keeps for the backward: what the two operations kept.
@@ -121,31 +121,13 @@ impl<B> DeviceSelfAttention for Fusion<B>
 where
     B: FusionBackend + DeviceSelfAttention,
 {
-    /// One operation of fusion's stream, its outputs the context, the weights side by side and
-    /// what the context's backward reads (the four heads, the positions' heads, the weights
-    /// and, with a dropout, the dropped weights).
+    /// One operation of fusion's stream, its outputs what the forward makes ([`made_shapes`]).
     fn self_attention_forward(
         inputs: [FloatTensor<Self>; PARENTS],
         keep: FloatTensor<Self>,
         op: SelfAttention,
     ) -> (FloatTensor<Self>, Saved<Self>) {
-        let [b, t, d] = inputs[0].shape.dims::<3>();
-        let (h, dk) = (op.heads, d / op.heads);
-        let head = (vec![b, h, t, dk], DType::F32);
-        let weights = (vec![b, h, t, t], DType::F32);
-        let mut outputs = vec![
-            (vec![b, t, d], DType::F32),
-            (vec![d, 3 * d], DType::F32),
-            head.clone(),
-            head.clone(),
-            head.clone(),
-            head,
-            (vec![1, h, 2 * t - 1, dk], DType::F32),
-            weights.clone(),
-        ];
-        if op.context.rule.is_some() {
-            outputs.push(weights);
-        }
+        let outputs = made_shapes(inputs[0].shape.dims::<3>(), op);
         let x = inputs[0].clone();
         let (pos, w_pos) = (inputs[9].clone(), inputs[10].clone());
         let all = inputs.into_iter().chain([keep.clone()]).collect();
@@ -155,64 +137,126 @@ where
             };
             let [x, wq, wk, wv, bq, bk, bv, u, v, pos, w_pos, keep] = ins;
             let inputs = [x, wq, wk, wv, bq, bk, bv, u, v, pos, w_pos];
-            let (y, Saved { w, context: c, .. }) = B::self_attention_forward(inputs, keep, op);
-            let kept = [y, w, c.q_u, c.q_v, c.k, c.v, c.r, c.w];
-            kept.into_iter().chain(c.dropped).collect()
+            let (y, saved) = B::self_attention_forward(inputs, keep, op);
+            made(y, saved)
         };
         let outs = in_stream_vec::<B, _>("self-attention", all, outputs, run);
-        let mut outs = outs.into_iter();
-        let mut next = || match outs.next() {
-            Some(t) => t,
-            None => unreachable!("the self-attention: its outputs"),
-        };
-        let (y, w, q_u, q_v, k, v, r, weights) =
-            (next(), next(), next(), next(), next(), next(), next(), next());
-        let dropped = op.context.rule.map(|_| next());
-        let context =
-            device_context::Saved { q_u, q_v, k, v, pos, w_pos, r, w: weights, dropped, keep };
-        (y, Saved { x, w, context })
+        from_made(&mut outs.into_iter(), [x, pos, w_pos, keep], op)
     }
 
-    /// One operation of fusion's stream, its inputs `dy` and what the forward kept, its
-    /// outputs the gradients asked for.
+    /// One operation of fusion's stream, its inputs `dy` and what the forward kept
+    /// ([`read`]), its outputs the gradients asked for.
     fn self_attention_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
         op: SelfAttention,
         asked: [bool; PARENTS],
     ) -> [Option<FloatTensor<Self>>; PARENTS] {
-        let [b, t, d] = saved.x.shape.dims::<3>();
-        let group = device_qkv::grad_shapes([b, t, d], op.heads);
-        let rest = [saved.context.pos.shape.to_vec(), vec![d, d]].map(|s| (s, DType::F32));
-        let shapes = group.into_iter().chain(rest);
-        let outputs: Vec<_> = shapes.zip(asked).filter(|(_, a)| *a).map(|(s, _)| s).collect();
+        let shapes = grad_shapes(&saved, op);
+        let outputs: Vec<_> =
+            shapes.into_iter().zip(asked).filter(|(_, a)| *a).map(|(s, _)| s).collect();
         if outputs.is_empty() {
             return Default::default();
         }
-        let Saved { x, w, context } = saved;
-        let device_context::Saved { q_u, q_v, k, v, pos, w_pos, r, w: weights, dropped, keep } =
-            context;
-        let inputs = [dy, x, w, q_u, q_v, k, v, pos, w_pos, r, weights, keep];
-        let inputs = inputs.into_iter().chain(dropped).collect();
+        let inputs = [dy].into_iter().chain(read(saved)).collect();
         let run = move |ins: Vec<FloatTensor<B>>| {
             let mut ins = ins.into_iter();
-            let mut next = || match ins.next() {
-                Some(t) => t,
-                None => unreachable!("the self-attention's backward: its inputs"),
-            };
-            let (dy, x, w, q_u, q_v, k, v) =
-                (next(), next(), next(), next(), next(), next(), next());
-            let (pos, w_pos, r, weights, keep) = (next(), next(), next(), next(), next());
-            let dropped = op.context.rule.map(|_| next());
-            let context =
-                device_context::Saved { q_u, q_v, k, v, pos, w_pos, r, w: weights, dropped, keep };
-            let saved = Saved { x, w, context };
+            let dy = next_of(&mut ins, "the self-attention's backward: its inputs");
+            let saved = from_read(&mut ins, op);
             B::self_attention_backward(saved, dy, op, asked).into_iter().flatten().collect()
         };
         let grads = in_stream_vec::<B, _>("self-attention backward", inputs, outputs, run);
         let mut grads = grads.into_iter();
         asked.map(|yes| if yes { grads.next() } else { None })
     }
+}
+
+/// The next of `tensors`, which the caller declared (`what`).
+pub(crate) fn next_of<T>(tensors: &mut impl Iterator<Item = T>, what: &str) -> T {
+    match tensors.next() {
+        Some(t) => t,
+        None => unreachable!("{what}"),
+    }
+}
+
+/// The shapes of what the forward makes besides its inputs, as fusion's stream declares them:
+/// the context, the weights side by side and what the context's backward reads (the four
+/// heads, the positions' heads, the weights and, with a dropout, the dropped weights).
+pub(crate) fn made_shapes([b, t, d]: [usize; 3], op: SelfAttention) -> Vec<(Vec<usize>, DType)> {
+    let (h, dk) = (op.heads, d / op.heads);
+    let head = (vec![b, h, t, dk], DType::F32);
+    let weights = (vec![b, h, t, t], DType::F32);
+    let mut outputs = vec![
+        (vec![b, t, d], DType::F32),
+        (vec![d, 3 * d], DType::F32),
+        head.clone(),
+        head.clone(),
+        head.clone(),
+        head,
+        (vec![1, h, 2 * t - 1, dk], DType::F32),
+        weights.clone(),
+    ];
+    if op.context.rule.is_some() {
+        outputs.push(weights);
+    }
+    outputs
+}
+
+/// The forward's output `y` and what it kept, as [`made_shapes`] declares them.
+pub(crate) fn made<B: Backend>(y: FloatTensor<B>, saved: Saved<B>) -> Vec<FloatTensor<B>> {
+    let Saved { w, context: c, .. } = saved;
+    let kept = [y, w, c.q_u, c.q_v, c.k, c.v, c.r, c.w];
+    kept.into_iter().chain(c.dropped).collect()
+}
+
+/// The output and what the backward needs from [`made`]'s tensors (taken from `made`) and the
+/// inputs the backward reads, `[x, pos, w_pos, keep]`.
+pub(crate) fn from_made<B: Backend>(
+    made: &mut impl Iterator<Item = FloatTensor<B>>,
+    [x, pos, w_pos, keep]: [FloatTensor<B>; 4],
+    op: SelfAttention,
+) -> (FloatTensor<B>, Saved<B>) {
+    let mut next = || next_of(made, "the self-attention: its outputs");
+    let (y, w, q_u, q_v, k, v, r, weights) =
+        (next(), next(), next(), next(), next(), next(), next(), next());
+    let dropped = op.context.rule.map(|_| next());
+    let context =
+        device_context::Saved { q_u, q_v, k, v, pos, w_pos, r, w: weights, dropped, keep };
+    (y, Saved { x, w, context })
+}
+
+/// The shapes of the [`PARENTS`]' gradients (f32) for what the forward kept.
+pub(crate) fn grad_shapes<B: Backend>(
+    saved: &Saved<B>,
+    op: SelfAttention,
+) -> [(Vec<usize>, DType); PARENTS] {
+    let [b, t, d] = saved.x.shape().dims::<3>();
+    let [x, wq, wk, wv, bq, bk, bv, u, v] = device_qkv::grad_shapes([b, t, d], op.heads);
+    let pos = (saved.context.pos.shape().to_vec(), DType::F32);
+    [x, wq, wk, wv, bq, bk, bv, u, v, pos, (vec![d, d], DType::F32)]
+}
+
+/// What the forward kept, as the backward's operation takes it as inputs.
+pub(crate) fn read<B: Backend>(saved: Saved<B>) -> Vec<FloatTensor<B>> {
+    let Saved { x, w, context } = saved;
+    let device_context::Saved { q_u, q_v, k, v, pos, w_pos, r, w: weights, dropped, keep } =
+        context;
+    let inputs = [x, w, q_u, q_v, k, v, pos, w_pos, r, weights, keep];
+    inputs.into_iter().chain(dropped).collect()
+}
+
+/// What the forward kept, from [`read`]'s tensors (taken from `ins`).
+pub(crate) fn from_read<B: Backend>(
+    ins: &mut impl Iterator<Item = FloatTensor<B>>,
+    op: SelfAttention,
+) -> Saved<B> {
+    let mut next = || next_of(ins, "the self-attention's backward: its inputs");
+    let (x, w, q_u, q_v, k, v) = (next(), next(), next(), next(), next(), next());
+    let (pos, w_pos, r, weights, keep) = (next(), next(), next(), next(), next());
+    let dropped = op.context.rule.map(|_| next());
+    let context =
+        device_context::Saved { q_u, q_v, k, v, pos, w_pos, r, w: weights, dropped, keep };
+    Saved { x, w, context }
 }
 
 impl<B: DeviceSelfAttention> DeviceBackward<B, PARENTS> for SelfAttention {
@@ -236,7 +280,7 @@ impl<B: DeviceSelfAttention> DeviceBackward<B, PARENTS> for SelfAttention {
 /// The self-attention's [`PARENTS`] as `C`'s primitives, `C` being `B` (a branch of
 /// `on_cube_types`): the group's (`device_qkv::primitives`), then the positions and their
 /// weight.
-fn primitives<B: Backend, C: Backend>(
+pub(crate) fn primitives<B: Backend, C: Backend>(
     group: GroupInputs<'_, B>,
     pos: Tensor<B, 3>,
     w_pos: &Tensor<B, 2>,
@@ -247,8 +291,37 @@ fn primitives<B: Backend, C: Backend>(
     Some([x, wq, wk, wv, bq, bk, bv, u, v, pos, w_pos])
 }
 
+/// The projections' weights and biases where the whole attention takes these shapes (see
+/// [`on_device`]): each projection has its bias, and both parts take their shapes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fits<B: Backend>(
+    x: &Tensor<B, 3>,
+    layers: [&Linear<B>; 3],
+    pos_biases: &[Tensor<B, 2>; 2],
+    heads: usize,
+    pos: &Tensor<B, 3>,
+    w_pos: &Tensor<B, 2>,
+    keep: &Tensor<B, 3>,
+) -> Option<Projections<B>> {
+    let [b, t, d] = x.dims();
+    let weights = layers.map(|l| l.weight.val());
+    let biases = layers.map(|l| l.bias.as_ref().map(|b| b.val()));
+    let [Some(bq), Some(bk), Some(bv)] = biases else {
+        return None;
+    };
+    let biases = [bq, bk, bv];
+    let fits = device_qkv::fits(x, &weights, &biases, pos_biases, heads)
+        && device_context::takes([b, heads, t, d / heads], pos, w_pos, keep)
+        && device_heads::takes(x)
+        && device_heads::takes(pos);
+    fits.then_some((weights, biases))
+}
+
+/// The projections' weights and biases (query, key, value).
+pub(crate) type Projections<B> = ([Tensor<B, 2>; 3], [Tensor<B, 1>; 3]);
+
 /// The projections' group's inputs as `device_qkv::primitives` takes them.
-type GroupInputs<'a, B> =
+pub(crate) type GroupInputs<'a, B> =
     (&'a Tensor<B, 3>, [Tensor<B, 2>; 3], [Tensor<B, 1>; 3], [Tensor<B, 2>; 2]);
 
 /// Whether the encoder takes this operation: unless `ASRT_ATTENTION_OP=0` (read once; see the
@@ -291,20 +364,9 @@ pub fn on_device<B: Backend>(
     divisor: f64,
     dropout: &Dropout,
 ) -> Result<Tensor<B, 3>, Tensor<B, 3>> {
-    let [b, t, d] = x.dims();
-    let weights = layers.map(|l| l.weight.val());
-    let biases = layers.map(|l| l.bias.as_ref().map(|b| b.val()));
-    let [Some(bq), Some(bk), Some(bv)] = biases else {
+    let Some((weights, biases)) = fits(x, layers, &pos_biases, heads, &pos, w_pos, keep) else {
         return Err(pos);
     };
-    let biases = [bq, bk, bv];
-    let fits = device_qkv::fits(x, &weights, &biases, &pos_biases, heads)
-        && device_context::takes([b, heads, t, d / heads], &pos, w_pos, keep)
-        && device_heads::takes(x)
-        && device_heads::takes(&pos);
-    if !fits {
-        return Err(pos);
-    }
     let (kernel, stacks) = (device_matmul::chosen(), device_matmul::stack_kernel());
     let divisor = divisor as f32;
     let group = (x, weights, biases, pos_biases);

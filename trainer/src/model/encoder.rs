@@ -382,6 +382,57 @@ impl<B: Backend> RelPositionAttention<B> {
         merge_heads(p.matmul(attn, v))
     }
 
+    /// This module of `n` (`pos`, `pad`, `keep` as [`Self::context`] takes them), then `out`
+    /// with the residual connection from `x` (dropout `d`) and `norm` after it, as
+    /// [`residual_then_norm`] takes them. In a `chain` in f32 on the CubeCL backends in
+    /// training all of it is one node and one operation each way
+    /// (`device_attention_module`), where it was two.
+    #[allow(clippy::too_many_arguments)]
+    fn with_residual_norm(
+        &self,
+        d: &Dropout,
+        x: Tensor<B, 3>,
+        n: Tensor<B, 3>,
+        (pos, pad, keep): (Tensor<B, 3>, Tensor<B, 4, Bool>, &Tensor<B, 3>),
+        p: Precision,
+        link: &[Handoff; 4],
+        at: usize,
+        norm: &LayerNorm<B>,
+        chain: bool,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        // The normalisation's parameters are read only where the operation may run; the
+        // positions' layer has no bias (NeMo's `linear_pos`).
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let next = (chain
+            && p.compute().is_none()
+            && self.pos.bias.is_none()
+            && super::device_self_attention::enabled())
+        .then(|| next_norm(norm, link.get(at + 1), chain));
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let (x, pos) = match next.flatten() {
+            Some(next) => {
+                use super::device_attention_module::{train_on_device, Attention};
+                let [_, _, d_model] = n.dims();
+                let att = Attention {
+                    layers: [&self.q, &self.k, &self.v],
+                    pos_biases: [self.pos_bias_u.val(), self.pos_bias_v.val()],
+                    heads: self.heads,
+                    w_pos: self.pos.weight.val(),
+                    divisor: ((d_model / self.heads) as f64).sqrt(),
+                    dropout: &self.dropout,
+                };
+                let (out, handoff) = (&self.out, link.get(at));
+                match train_on_device(att, out, d, x, &n, pos, keep, handoff, next) {
+                    Ok([x, normed]) => return (x, normed),
+                    Err(back) => back,
+                }
+            }
+            _ => (x, pos),
+        };
+        let h = self.context(n, pos, pad, keep, p);
+        residual_then_norm(d, x, &self.out, h, 1.0, p, link, at, norm, chain)
+    }
+
     /// The heads of `x` `[B, T, d]`, `[B, H, T, dk]` each: the query's with the position biases
     /// `u` and `v`, the key's and the value's. In f32 on the CubeCL backends one product and one
     /// kernel each way (`device_qkv`); elsewhere each projection, then its heads.
@@ -697,8 +748,9 @@ impl<B: Backend> ConformerLayer<B> {
         // on the device (`residual_then_norm`).
         // Where every connection takes the device operation, each with the normalisation after
         // it is one node (`device_residual_norm`; with the whole feed-forward module before it,
-        // `device_feed_forward`), and the residual's output, untracked, goes only to the next
-        // connection, which hands its gradient back.
+        // `device_feed_forward`; with the whole self-attention, `device_attention_module`),
+        // and the residual's output, untracked, goes only to the next connection, which hands
+        // its gradient back.
         let d = &self.dropout;
         let link = [0; 4].map(|_| Handoff::new());
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -710,13 +762,13 @@ impl<B: Backend> ConformerLayer<B> {
         ]);
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         let chain = false;
-        let (att, conv) = (&self.att.out, &self.conv.pointwise2);
+        let conv = &self.conv.pointwise2;
         let n = layer_norm(&self.norm_ff1, x.clone(), Some(&link[0]));
         let (x, normed) =
             self.ff1.with_residual_norm(d, x, n, 0.5, p, &link, 0, &self.norm_att, chain);
-        let h = self.att.context(normed, pos, pad, &keep, p);
+        let attend = (pos, pad, &keep);
         let (x, normed) =
-            residual_then_norm(d, x, att, h, 1.0, p, &link, 1, &self.norm_conv, chain);
+            self.att.with_residual_norm(d, x, normed, attend, p, &link, 1, &self.norm_conv, chain);
         let h = self.conv.hidden(normed, keep, p);
         let (x, normed) =
             residual_then_norm(d, x, conv, h, 1.0, p, &link, 2, &self.norm_ff2, chain);

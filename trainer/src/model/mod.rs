@@ -12,6 +12,8 @@ pub mod decoder;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_attention_module;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_batch_norm;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_bias;
