@@ -30,7 +30,7 @@ use burn::backend::Autodiff;
 use burn::nn::{BatchNorm, Linear};
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 
@@ -47,32 +47,32 @@ use super::running_stats;
 /// momentum.
 #[derive(Debug, Clone, Copy)]
 pub struct Chain {
-    kernel: Kernel,
-    eps: f64,
-    momentum: f64,
+    pub(crate) kernel: Kernel,
+    pub(crate) eps: f64,
+    pub(crate) momentum: f64,
 }
 
 /// What the forward keeps for the backward: what the three operations kept.
 #[derive(Debug, Clone)]
 pub struct Saved<B: Backend> {
-    h: FloatTensor<B>,
-    w: FloatTensor<B>,
+    pub(crate) h: FloatTensor<B>,
+    pub(crate) w: FloatTensor<B>,
     /// The GLU's input, `h · w + b`.
-    gate_in: FloatTensor<B>,
-    keep: FloatTensor<B>,
+    pub(crate) gate_in: FloatTensor<B>,
+    pub(crate) keep: FloatTensor<B>,
     /// The depthwise convolution's input (the masked GLU) and weight.
-    depthwise: device_depthwise::Saved<B>,
+    pub(crate) depthwise: device_depthwise::Saved<B>,
     /// The normalisation's input (the convolution), scale, shift, statistics and retired
     /// running statistics.
-    norm: device_batch_norm::Saved<B>,
+    pub(crate) norm: device_batch_norm::Saved<B>,
 }
 
 /// The forward's results: the output, what the backward needs, and the new running mean and
 /// variance.
 pub struct Forward<B: Backend> {
-    y: FloatTensor<B>,
-    saved: Saved<B>,
-    running: [FloatTensor<B>; 2],
+    pub(crate) y: FloatTensor<B>,
+    pub(crate) saved: Saved<B>,
+    pub(crate) running: [FloatTensor<B>; 2],
 }
 
 /// The chain as one operation (see the module): the backends that have it. The provided
@@ -156,29 +156,16 @@ impl<B> DeviceConvModule for Fusion<B>
 where
     B: FusionBackend + DeviceConvModule,
 {
-    /// One operation of fusion's stream, its outputs the chain's output, the new running
-    /// statistics and what the backward reads: the GLU's input, the masked GLU, the
-    /// convolution and the normalisation's statistics.
+    /// One operation of fusion's stream, its outputs what the forward makes ([`made_shapes`]).
     fn conv_module_forward(
         inputs: [FloatTensor<Self>; 7],
         keep: FloatTensor<Self>,
         running: [FloatTensor<Self>; 2],
         chain: Chain,
     ) -> Forward<Self> {
-        let dims = inputs[0].shape.to_vec();
-        let d = dims.last().copied().unwrap_or(1);
-        let mut gate_dims = dims.clone();
-        if let Some(last) = gate_dims.last_mut() {
-            *last *= 2;
-        }
-        let f32s = |shapes: Vec<Vec<usize>>| shapes.into_iter().map(|s| (s, DType::F32));
-        let outputs =
-            f32s(vec![dims.clone(), vec![d], vec![d], gate_dims, dims.clone(), dims, vec![d, 2]])
-                .collect();
-        let [h, w, b, dw_weight, dw_bias, gamma, beta] = inputs;
-        let [mean, var] = running;
-        let all = vec![h.clone(), w.clone(), b, dw_weight.clone(), dw_bias, gamma.clone()];
-        let all = all.into_iter().chain([beta.clone(), keep.clone(), mean, var]).collect();
+        let outputs = made_shapes(&inputs[0].shape.to_vec());
+        let [h, w, dw_weight, gamma, beta] = [0, 1, 3, 5, 6].map(|i| inputs[i].clone());
+        let all = inputs.into_iter().chain([keep.clone()]).chain(running).collect();
         let run = move |ins: Vec<FloatTensor<B>>| {
             let Ok([h, w, b, dw_weight, dw_bias, gamma, beta, keep, mean, var]) =
                 <[FloatTensor<B>; 10]>::try_from(ins)
@@ -186,77 +173,29 @@ where
                 unreachable!("the convolution module: ten inputs")
             };
             let inputs = [h, w, b, dw_weight, dw_bias, gamma, beta];
-            let f = B::conv_module_forward(inputs, keep, [mean, var], chain);
-            let [mean, var] = f.running;
-            let s = f.saved;
-            vec![f.y, mean, var, s.gate_in, s.depthwise.x, s.norm.x, s.norm.stats]
+            made(B::conv_module_forward(inputs, keep, [mean, var], chain))
         };
         let outs = in_stream_vec::<B, _>("convolution module", all, outputs, run);
-        let Ok([y, mean, var, gate_in, g, z, stats]) = <[FloatTensor<Self>; 7]>::try_from(outs)
-        else {
-            unreachable!("the convolution module: seven outputs were declared")
-        };
-        let depthwise = device_depthwise::Saved { x: g, weight: dw_weight };
-        let norm = device_batch_norm::Saved {
-            x: z,
-            gamma,
-            beta,
-            stats,
-            activation: Activation::Swish,
-            retired: None,
-        };
-        let saved = Saved { h, w, gate_in, keep, depthwise, norm };
-        Forward { y, saved, running: [mean, var] }
+        from_made(&mut outs.into_iter(), [h, w, keep, dw_weight, gamma, beta])
     }
 
-    /// One operation of fusion's stream, its inputs `dy`, what the forward kept and the retired
-    /// running statistics (so that their last handles end in it, as in `device_batch_norm`),
-    /// its outputs the gradients asked for.
+    /// One operation of fusion's stream, its inputs `dy` and what the backward reads
+    /// ([`read`]), its outputs the gradients asked for.
     fn conv_module_backward(
         saved: Saved<Self>,
         dy: FloatTensor<Self>,
         chain: Chain,
         asked: [bool; 7],
     ) -> [Option<FloatTensor<Self>>; 7] {
-        let d = saved.norm.gamma.shape.to_vec();
-        let shapes = [
-            saved.h.shape.to_vec(),
-            saved.w.shape.to_vec(),
-            saved.gate_in.shape.to_vec().last().map(|&o| vec![o]).unwrap_or_default(),
-            saved.depthwise.weight.shape.to_vec(),
-            d.clone(),
-            d.clone(),
-            d,
-        ];
-        let outputs =
-            shapes.into_iter().zip(asked).filter(|(_, a)| *a).map(|(s, _)| (s, DType::F32));
-        let outputs: Vec<_> = outputs.collect();
-        let Saved { h, w, gate_in, keep, depthwise, norm } = saved;
-        let device_batch_norm::Saved { x: z, gamma, beta, stats, retired, .. } = norm;
-        let device_depthwise::Saved { x: g, weight: dw_weight } = depthwise;
-        let retired: Vec<_> = retired.into_iter().flatten().collect();
-        let retired_count = retired.len();
-        // A pointwise operand the backward does not read is not held for it.
-        let (w, h) = (asked[0].then_some(w), asked[1].then_some(h));
-        let inputs = [dy, gate_in, keep, g, dw_weight, z, gamma, beta, stats].into_iter();
-        let inputs = inputs.chain(w).chain(h).chain(retired).collect();
+        let shapes = grad_shapes(&saved);
+        let outputs: Vec<_> =
+            shapes.into_iter().zip(asked).filter(|(_, a)| *a).map(|(s, _)| s).collect();
+        let (read, retired) = read(saved, asked);
+        let inputs = [dy].into_iter().chain(read).collect();
         let run = move |ins: Vec<FloatTensor<B>>| {
             let mut ins = ins.into_iter();
-            let mut next = || match ins.next() {
-                Some(t) => t,
-                None => unreachable!("the convolution module's backward: its inputs"),
-            };
-            let (dy, gate_in, keep, g, dw_weight) = (next(), next(), next(), next(), next());
-            let (z, gamma, beta, stats) = (next(), next(), next(), next());
-            let w = asked[0].then(&mut next);
-            let h = asked[1].then(&mut next);
-            // The retired statistics are inputs only so that they end here.
-            (0..retired_count).for_each(|_| drop(next()));
-            let depthwise = device_depthwise::Saved { x: g, weight: dw_weight };
-            let activation = Activation::Swish;
-            let norm =
-                device_batch_norm::Saved { x: z, gamma, beta, stats, activation, retired: None };
-            grads::<B>(dy, gate_in, keep, depthwise, norm, [w, h], chain, asked)
+            let dy = next_of(&mut ins, "the convolution module's backward: its inputs");
+            grads_from_read::<B>(&mut ins, dy, chain, asked, retired)
                 .into_iter()
                 .flatten()
                 .collect()
@@ -265,6 +204,103 @@ where
         let mut grads = grads.into_iter();
         asked.map(|yes| if yes { grads.next() } else { None })
     }
+}
+
+/// The next of `tensors`, which the caller declared (`what`).
+fn next_of<T>(tensors: &mut impl Iterator<Item = T>, what: &str) -> T {
+    match tensors.next() {
+        Some(t) => t,
+        None => unreachable!("{what}"),
+    }
+}
+
+/// The shapes of what the forward makes from an input of `dims`, as fusion's stream declares
+/// them: the chain's output, the new running statistics and what the backward reads (the GLU's
+/// input, the masked GLU, the convolution and the normalisation's statistics).
+pub(crate) fn made_shapes(dims: &[usize]) -> Vec<(Vec<usize>, DType)> {
+    let d = dims.last().copied().unwrap_or(1);
+    let mut gate_dims = dims.to_vec();
+    if let Some(last) = gate_dims.last_mut() {
+        *last *= 2;
+    }
+    let shapes = [dims.to_vec(), vec![d], vec![d], gate_dims, dims.to_vec(), dims.to_vec()];
+    shapes.into_iter().chain([vec![d, 2]]).map(|s| (s, DType::F32)).collect()
+}
+
+/// The forward's results as [`made_shapes`] declares them.
+pub(crate) fn made<B: Backend>(f: Forward<B>) -> Vec<FloatTensor<B>> {
+    let [mean, var] = f.running;
+    let s = f.saved;
+    vec![f.y, mean, var, s.gate_in, s.depthwise.x, s.norm.x, s.norm.stats]
+}
+
+/// The forward's results from [`made`]'s tensors (taken from `made`) and the inputs the
+/// backward reads, `[h, w, keep, the depthwise weight, the scale, the shift]`; no retired
+/// running statistics yet.
+pub(crate) fn from_made<B: Backend>(
+    made: &mut impl Iterator<Item = FloatTensor<B>>,
+    [h, w, keep, dw_weight, gamma, beta]: [FloatTensor<B>; 6],
+) -> Forward<B> {
+    let mut next = || next_of(made, "the convolution module: its outputs");
+    let (y, mean, var, gate_in, g, z, stats) =
+        (next(), next(), next(), next(), next(), next(), next());
+    let depthwise = device_depthwise::Saved { x: g, weight: dw_weight };
+    let activation = Activation::Swish;
+    let norm = device_batch_norm::Saved { x: z, gamma, beta, stats, activation, retired: None };
+    let saved = Saved { h, w, gate_in, keep, depthwise, norm };
+    Forward { y, saved, running: [mean, var] }
+}
+
+/// The shapes of the seven inputs' gradients (f32) for what the forward kept.
+pub(crate) fn grad_shapes<B: Backend>(saved: &Saved<B>) -> [(Vec<usize>, DType); 7] {
+    let d = saved.norm.gamma.shape().to_vec();
+    let bias = saved.gate_in.shape().to_vec().last().map(|&o| vec![o]).unwrap_or_default();
+    [
+        saved.h.shape().to_vec(),
+        saved.w.shape().to_vec(),
+        bias,
+        saved.depthwise.weight.shape().to_vec(),
+        d.clone(),
+        d.clone(),
+        d,
+    ]
+    .map(|s| (s, DType::F32))
+}
+
+/// What the backward of the gradients `asked` for reads, as its operation takes it as inputs,
+/// and how many of them are the retired running statistics (inputs only so that their last
+/// handles end in it, as in `device_batch_norm`). A pointwise operand the backward does not
+/// read is not held for it.
+pub(crate) fn read<B: Backend>(saved: Saved<B>, asked: [bool; 7]) -> (Vec<FloatTensor<B>>, usize) {
+    let Saved { h, w, gate_in, keep, depthwise, norm } = saved;
+    let device_batch_norm::Saved { x: z, gamma, beta, stats, retired, .. } = norm;
+    let device_depthwise::Saved { x: g, weight: dw_weight } = depthwise;
+    let retired: Vec<_> = retired.into_iter().flatten().collect();
+    let count = retired.len();
+    let (w, h) = (asked[0].then_some(w), asked[1].then_some(h));
+    let inputs = [gate_in, keep, g, dw_weight, z, gamma, beta, stats].into_iter();
+    (inputs.chain(w).chain(h).chain(retired).collect(), count)
+}
+
+/// The gradients `asked` for from the output's `dy` and [`read`]'s tensors (taken from `ins`,
+/// `retired` of them the retired statistics, dropped here).
+pub(crate) fn grads_from_read<B: DeviceConvModule>(
+    ins: &mut impl Iterator<Item = FloatTensor<B>>,
+    dy: FloatTensor<B>,
+    chain: Chain,
+    asked: [bool; 7],
+    retired: usize,
+) -> [Option<FloatTensor<B>>; 7] {
+    let mut next = || next_of(ins, "the convolution module's backward: its inputs");
+    let (gate_in, keep, g, dw_weight) = (next(), next(), next(), next());
+    let (z, gamma, beta, stats) = (next(), next(), next(), next());
+    let w = asked[0].then(&mut next);
+    let h = asked[1].then(&mut next);
+    (0..retired).for_each(|_| drop(next()));
+    let depthwise = device_depthwise::Saved { x: g, weight: dw_weight };
+    let activation = Activation::Swish;
+    let norm = device_batch_norm::Saved { x: z, gamma, beta, stats, activation, retired: None };
+    grads::<B>(dy, gate_in, keep, depthwise, norm, [w, h], chain, asked)
 }
 
 impl<B: DeviceConvModule> DeviceBackward<B, 7> for Chain {
@@ -286,10 +322,44 @@ impl<B: DeviceConvModule> DeviceBackward<B, 7> for Chain {
 }
 
 /// The module's parts under autodiff on `B`.
-struct Parts<'a, B: DeviceConvModule> {
+pub(crate) struct Parts<'a, B: Backend> {
     pointwise: &'a Linear<Autodiff<B>>,
     depthwise: &'a DepthwiseConv1d<Autodiff<B>>,
-    norm: &'a BatchNorm<Autodiff<B>>,
+    pub(crate) norm: &'a BatchNorm<Autodiff<B>>,
+}
+
+impl<'a, B: Backend> Parts<'a, B> {
+    /// The parts, on `C`, as `Autodiff<B>`'s: `None` where `C` is not that type.
+    pub(crate) fn of<C: Backend>(
+        pointwise: &'a Linear<C>,
+        depthwise: &'a DepthwiseConv1d<C>,
+        norm: &'a BatchNorm<C>,
+    ) -> Option<Self> {
+        use std::any::Any;
+        let pointwise = (pointwise as &dyn Any).downcast_ref::<Linear<Autodiff<B>>>()?;
+        let depthwise = (depthwise as &dyn Any).downcast_ref::<DepthwiseConv1d<Autodiff<B>>>()?;
+        let norm = (norm as &dyn Any).downcast_ref::<BatchNorm<Autodiff<B>>>()?;
+        Some(Parts { pointwise, depthwise, norm })
+    }
+
+    /// The chain's seven parents: `h`, the pointwise layer's weight and bias `b`, the depthwise
+    /// convolution's weight and bias, the normalisation's scale and shift.
+    pub(crate) fn parents(
+        &self,
+        b: Tensor<Autodiff<B>, 1>,
+        h: Tensor<Autodiff<B>, 3>,
+    ) -> [FloatTensor<Autodiff<B>>; 7] {
+        let Parts { pointwise, depthwise, norm } = self;
+        [
+            float(h),
+            float(pointwise.weight.val()),
+            float(b),
+            float(depthwise.weight.val()),
+            float(depthwise.bias.val()),
+            float(norm.gamma.val()),
+            float(norm.beta.val()),
+        ]
+    }
 }
 
 /// The chain under autodiff: one node with `h` and the six parameters as parents (`keep` takes
@@ -302,34 +372,72 @@ fn tracked<B: DeviceConvModule>(
     keep: Tensor<Autodiff<B>, 3>,
     chain: Chain,
 ) -> Tensor<Autodiff<B>, 3> {
-    let Parts { pointwise, depthwise, norm } = parts;
     let keep = float(keep.inner());
-    let inputs = [
-        float(h),
-        float(pointwise.weight.val()),
-        float(b),
-        float(depthwise.weight.val()),
-        float(depthwise.bias.val()),
-        float(norm.gamma.val()),
-        float(norm.beta.val()),
-    ];
-    let running =
-        [norm.running_mean.value_sync(), norm.running_var.value_sync()].map(|t| float(t.inner()));
+    let inputs = parts.parents(b, h);
+    let norm = parts.norm;
+    let running = running::<B>(norm);
     let y = device_op::tracked_with(chain, inputs, |chain, inputs| {
-        let out = B::conv_module_forward(inputs, keep, running, *chain);
-        let replace = |state, t| {
-            let new = Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(
-                TensorPrimitive::Float(t),
-            ));
-            float(running_stats::replace(state, new).inner())
-        };
-        let [mean, var] = out.running;
-        let retired = [replace(&norm.running_mean, mean), replace(&norm.running_var, var)];
-        let mut saved = out.saved;
-        saved.norm.retired = Some(retired);
-        (out.y, saved)
+        let mut out = B::conv_module_forward(inputs, keep, running, *chain);
+        out.saved.norm.retired = Some(retire::<B>(norm, out.running));
+        (out.y, out.saved)
     });
     Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// `norm`'s running statistics read as the forward's inputs, `[mean, variance]`.
+pub(crate) fn running<B: Backend>(norm: &BatchNorm<Autodiff<B>>) -> [FloatTensor<B>; 2] {
+    [norm.running_mean.value_sync(), norm.running_var.value_sync()].map(|t| float(t.inner()))
+}
+
+/// `norm`'s running statistics replaced with the forward's `[mean, variance]` (`running_stats`):
+/// the old ones, for the backward to carry (`device_batch_norm::Saved`'s `retired`).
+pub(crate) fn retire<B: Backend>(
+    norm: &BatchNorm<Autodiff<B>>,
+    [mean, var]: [FloatTensor<B>; 2],
+) -> [FloatTensor<B>; 2] {
+    let replace = |state, t| {
+        let new =
+            Tensor::<Autodiff<B>, 1>::from_inner(Tensor::from_primitive(TensorPrimitive::Float(t)));
+        float(running_stats::replace(state, new).inner())
+    };
+    [replace(&norm.running_mean, mean), replace(&norm.running_var, var)]
+}
+
+/// Whether [`train_on_device`] takes these: f32 tensors of its shapes, the pointwise layer with
+/// its bias, `keep` untracked, `h` not empty and the indices within 32 bits.
+pub(crate) fn fits<B: Backend>(
+    pointwise: &Linear<B>,
+    depthwise: &DepthwiseConv1d<B>,
+    norm: &BatchNorm<B>,
+    h: &Tensor<B, 3>,
+    keep: &Tensor<B, 3>,
+) -> bool {
+    let Some(bias) = pointwise.bias.as_ref() else {
+        return false;
+    };
+    let [b, t, d] = h.dims();
+    let [k, c] = depthwise.weight.dims();
+    let f32s = [
+        h.dtype(),
+        keep.dtype(),
+        pointwise.weight.val().dtype(),
+        bias.val().dtype(),
+        depthwise.weight.val().dtype(),
+        depthwise.bias.val().dtype(),
+        norm.gamma.val().dtype(),
+        norm.beta.val().dtype(),
+    ];
+    b * t > 0
+        && pointwise.weight.dims() == [d, 2 * d]
+        && bias.dims() == [2 * d]
+        && keep.dims() == [b, t, 1]
+        && !keep.is_require_grad()
+        && k % 2 == 1
+        && c == d
+        && depthwise.bias.dims() == [d]
+        && norm.gamma.dims() == [d]
+        && f32s.iter().all(|&x| x == DType::F32)
+        && b * t * 2 * d <= u32::MAX as usize
 }
 
 /// The convolution module's chain in training (see the module) over `h` `[B, T, d]` with the
@@ -345,45 +453,17 @@ pub fn train_on_device<B: Backend>(
     h: &Tensor<B, 3>,
     keep: &Tensor<B, 3>,
 ) -> Option<Tensor<B, 3>> {
-    let bias = pointwise.bias.as_ref()?;
-    let [b, t, d] = h.dims();
-    let [k, c] = depthwise.weight.dims();
-    let f32s = [
-        h.dtype(),
-        keep.dtype(),
-        pointwise.weight.val().dtype(),
-        bias.val().dtype(),
-        depthwise.weight.val().dtype(),
-        depthwise.bias.val().dtype(),
-        norm.gamma.val().dtype(),
-        norm.beta.val().dtype(),
-    ];
-    let fits = b * t > 0
-        && pointwise.weight.dims() == [d, 2 * d]
-        && bias.dims() == [2 * d]
-        && keep.dims() == [b, t, 1]
-        && !keep.is_require_grad()
-        && k % 2 == 1
-        && c == d
-        && depthwise.bias.dims() == [d]
-        && norm.gamma.dims() == [d]
-        && f32s.iter().all(|&x| x == DType::F32)
-        && b * t * 2 * d <= u32::MAX as usize;
-    if !fits {
+    if !fits(pointwise, depthwise, norm, h, keep) {
         return None;
     }
+    let bias = pointwise.bias.as_ref()?;
     let kernel = device_matmul::chosen();
     let chain = Chain { kernel, eps: norm.epsilon, momentum: norm.momentum };
     on_cube_types!(
         B,
         T,
         {
-            use std::any::Any;
-            let pointwise = (pointwise as &dyn Any).downcast_ref::<Linear<Autodiff<T>>>()?;
-            let depthwise =
-                (depthwise as &dyn Any).downcast_ref::<DepthwiseConv1d<Autodiff<T>>>()?;
-            let norm = (norm as &dyn Any).downcast_ref::<BatchNorm<Autodiff<T>>>()?;
-            let parts = Parts { pointwise, depthwise, norm };
+            let parts = Parts::<T>::of(pointwise, depthwise, norm)?;
             let bias = cast(bias.val())?;
             cast(tracked::<T>(parts, bias, cast(h.clone())?, cast(keep.clone())?, chain))
         },

@@ -700,6 +700,47 @@ impl<B: Backend> ConvModule<B> {
     }
 }
 
+impl<B: Backend> ConvModule<B> {
+    /// This module of `n` (`keep` as [`Self::hidden`] takes it), then `pointwise2` with the
+    /// residual connection from `x` (dropout `d`) and `norm` after it, as
+    /// [`residual_then_norm`] takes them. In a `chain` in f32 on the CubeCL backends in
+    /// training all of it is one node and one operation each way (`device_conv_residual`),
+    /// where it was two.
+    #[allow(clippy::too_many_arguments)]
+    fn with_residual_norm(
+        &self,
+        d: &Dropout,
+        x: Tensor<B, 3>,
+        n: Tensor<B, 3>,
+        keep: Tensor<B, 3>,
+        p: Precision,
+        link: &[Handoff; 4],
+        at: usize,
+        norm: &LayerNorm<B>,
+        chain: bool,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        // The normalisation's parameters are read only where the operation may run.
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let next =
+            (chain && p.compute().is_none()).then(|| next_norm(norm, link.get(at + 1), chain));
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let x = match next.flatten() {
+            Some(next) => {
+                use super::device_conv_residual::train_on_device;
+                let layers = [&self.pointwise1, &self.pointwise2];
+                let (dw, bn, handoff) = (&self.depthwise, &self.norm, link.get(at));
+                match train_on_device(layers, dw, bn, d, x, &n, &keep, handoff, next) {
+                    Ok([x, normed]) => return (x, normed),
+                    Err(x) => x,
+                }
+            }
+            _ => x,
+        };
+        let h = self.hidden(n, keep, p);
+        residual_then_norm(d, x, &self.pointwise2, h, 1.0, p, link, at, norm, chain)
+    }
+}
+
 /// One Conformer block (macaron: half FF, attention, convolution, half FF, norm).
 #[derive(Module, Debug)]
 pub struct ConformerLayer<B: Backend> {
@@ -748,9 +789,9 @@ impl<B: Backend> ConformerLayer<B> {
         // on the device (`residual_then_norm`).
         // Where every connection takes the device operation, each with the normalisation after
         // it is one node (`device_residual_norm`; with the whole feed-forward module before it,
-        // `device_feed_forward`; with the whole self-attention, `device_attention_module`),
-        // and the residual's output, untracked, goes only to the next connection, which hands
-        // its gradient back.
+        // `device_feed_forward`; with the whole self-attention, `device_attention_module`; with
+        // the convolution module's chain, `device_conv_residual`), and the residual's output,
+        // untracked, goes only to the next connection, which hands its gradient back.
         let d = &self.dropout;
         let link = [0; 4].map(|_| Handoff::new());
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -762,16 +803,14 @@ impl<B: Backend> ConformerLayer<B> {
         ]);
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         let chain = false;
-        let conv = &self.conv.pointwise2;
         let n = layer_norm(&self.norm_ff1, x.clone(), Some(&link[0]));
         let (x, normed) =
             self.ff1.with_residual_norm(d, x, n, 0.5, p, &link, 0, &self.norm_att, chain);
         let attend = (pos, pad, &keep);
         let (x, normed) =
             self.att.with_residual_norm(d, x, normed, attend, p, &link, 1, &self.norm_conv, chain);
-        let h = self.conv.hidden(normed, keep, p);
         let (x, normed) =
-            residual_then_norm(d, x, conv, h, 1.0, p, &link, 2, &self.norm_ff2, chain);
+            self.conv.with_residual_norm(d, x, normed, keep, p, &link, 2, &self.norm_ff2, chain);
         self.ff2.with_residual_norm(d, x, normed, 0.5, p, &link, 3, &self.norm_out, chain).1
     }
 }

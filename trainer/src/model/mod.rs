@@ -22,6 +22,8 @@ pub mod device_context;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_conv_module;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod device_conv_residual;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_depthwise;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod device_dropout;
