@@ -621,16 +621,17 @@ impl<B: Backend> FeedForward<B> {
         linear_swish_dropped(p, &self.up, x, &self.dropout)
     }
 
-    /// This module of `n`, then `down` with the residual connection from `x` (dropout `d`,
+    /// This module of `input`, then `down` with the residual connection from `x` (dropout `d`,
     /// times `factor`) and `norm` after it, as [`residual_then_norm`] takes them. In a `chain`
     /// in f32 on the CubeCL backends in training all of it is one node and one operation each
-    /// way (`device_feed_forward`), where it was two.
+    /// way (`device_feed_forward`), where it was two, with the normalisation of `x` inside it
+    /// where `input` is that normalisation (where it was three).
     #[allow(clippy::too_many_arguments)]
     fn with_residual_norm(
         &self,
         d: &Dropout,
         x: Tensor<B, 3>,
-        n: Tensor<B, 3>,
+        input: ModuleInput<'_, B>,
         factor: f32,
         p: Precision,
         link: &[Handoff; 4],
@@ -645,18 +646,42 @@ impl<B: Backend> FeedForward<B> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let x = match next.flatten() {
             Some(next) => {
-                use super::device_feed_forward::train_on_device;
+                use super::device_feed_forward::{self as device, train_on_device};
+                let device_input = match &input {
+                    ModuleInput::Normalised(n) => Some(device::ModuleInput::Given(n)),
+                    ModuleInput::Norm(first) => first.beta.as_ref().map(|beta| {
+                        let (gamma, beta) = (first.gamma.val(), beta.val());
+                        device::ModuleInput::Normalised { gamma, beta, eps: LAYER_NORM_EPS }
+                    }),
+                };
                 let (layers, dropouts) = ([&self.up, &self.down], [&self.dropout, d]);
-                match train_on_device(layers, dropouts, factor, x, &n, link.get(at), next) {
-                    Ok([x, normed]) => return (x, normed),
-                    Err(x) => x,
+                match device_input {
+                    Some(i) => {
+                        match train_on_device(layers, dropouts, factor, x, i, link.get(at), next) {
+                            Ok([x, normed]) => return (x, normed),
+                            Err(x) => x,
+                        }
+                    }
+                    None => x,
                 }
             }
             _ => x,
         };
+        let n = match input {
+            ModuleInput::Normalised(n) => n,
+            ModuleInput::Norm(first) => layer_norm(first, x.clone(), link.get(at)),
+        };
         let h = self.hidden(n, p);
         residual_then_norm(d, x, &self.down, h, factor, p, link, at, norm, chain)
     }
+}
+
+/// A feed-forward module's input as [`FeedForward::with_residual_norm`] takes it: normalised
+/// already, or the normalisation to run on the residual's input (claiming the handoff the
+/// residual gives its input's gradient over).
+enum ModuleInput<'a, B: Backend> {
+    Normalised(Tensor<B, 3>),
+    Norm(&'a LayerNorm<B>),
 }
 
 /// Convolution module: pointwise to 2d, GLU, depthwise conv, batch norm, Swish, pointwise.
@@ -789,9 +814,10 @@ impl<B: Backend> ConformerLayer<B> {
         // on the device (`residual_then_norm`).
         // Where every connection takes the device operation, each with the normalisation after
         // it is one node (`device_residual_norm`; with the whole feed-forward module before it,
-        // `device_feed_forward`; with the whole self-attention, `device_attention_module`; with
-        // the convolution module's chain, `device_conv_residual`), and the residual's output,
-        // untracked, goes only to the next connection, which hands its gradient back.
+        // `device_feed_forward`, the first one with the block's first normalisation too; with
+        // the whole self-attention, `device_attention_module`; with the convolution module's
+        // chain, `device_conv_residual`), and the residual's output, untracked, goes only to
+        // the next connection, which hands its gradient back.
         let d = &self.dropout;
         let link = [0; 4].map(|_| Handoff::new());
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -803,14 +829,15 @@ impl<B: Backend> ConformerLayer<B> {
         ]);
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         let chain = false;
-        let n = layer_norm(&self.norm_ff1, x.clone(), Some(&link[0]));
+        let first = ModuleInput::Norm(&self.norm_ff1);
         let (x, normed) =
-            self.ff1.with_residual_norm(d, x, n, 0.5, p, &link, 0, &self.norm_att, chain);
+            self.ff1.with_residual_norm(d, x, first, 0.5, p, &link, 0, &self.norm_att, chain);
         let attend = (pos, pad, &keep);
         let (x, normed) =
             self.att.with_residual_norm(d, x, normed, attend, p, &link, 1, &self.norm_conv, chain);
         let (x, normed) =
             self.conv.with_residual_norm(d, x, normed, keep, p, &link, 2, &self.norm_ff2, chain);
+        let normed = ModuleInput::Normalised(normed);
         self.ff2.with_residual_norm(d, x, normed, 0.5, p, &link, 3, &self.norm_out, chain).1
     }
 }
