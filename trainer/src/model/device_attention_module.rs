@@ -39,7 +39,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::device_context::Attend;
 use super::device_layer_norm;
 use super::device_matmul::{self, chosen, Kernel};
-use super::device_op::{self, on_cube_types, DeviceBackward};
+use super::device_op::{self, next_of, on_cube_types, DeviceBackward};
 use super::device_residual_norm::{self, Links};
 use super::device_self_attention::{self as attention, DeviceSelfAttention, SelfAttention};
 use super::dropout::{Dropout, NextNorm, Rule};
@@ -202,7 +202,7 @@ where
         let outs = in_stream_vec::<B, _>("self-attention module", all, outputs, run);
         let mut outs = outs.into_iter();
         let what = "the self-attention module: its outputs";
-        let [normed, r, stats] = [(); 3].map(|_| attention::next_of(&mut outs, what));
+        let [normed, r, stats] = [(); 3].map(|_| next_of(&mut outs, what));
         let (h, attention) = attention::from_made(&mut outs, [n, pos, w_pos, keep], s.attention);
         let norm = device_layer_norm::Saved { x: r.clone(), gamma, stats };
         let rest = device_residual_norm::Saved { norm, h, w: w_out };
@@ -237,11 +237,11 @@ where
         let run = move |ins: Vec<FloatTensor<B>>| {
             let mut ins = ins.into_iter();
             let what = "the self-attention module's backward: its inputs";
-            let dy = attention::next_of(&mut ins, what);
-            let addend = has_addend.then(|| attention::next_of(&mut ins, what));
-            let [r, gamma, stats] = [(); 3].map(|_| attention::next_of(&mut ins, what));
-            let w_out = rest_asked[1].then(|| attention::next_of(&mut ins, what));
-            let h = rest_asked[2].then(|| attention::next_of(&mut ins, what));
+            let dy = next_of(&mut ins, what);
+            let addend = has_addend.then(|| next_of(&mut ins, what));
+            let [r, gamma, stats] = [(); 3].map(|_| next_of(&mut ins, what));
+            let w_out = rest_asked[1].then(|| next_of(&mut ins, what));
+            let h = rest_asked[2].then(|| next_of(&mut ins, what));
             let saved = rest_asked[1].then(|| attention::from_read(&mut ins, s.attention));
             let norm = device_layer_norm::Saved { x: r, gamma, stats };
             let grads = grads::<B>(norm, [w_out, h], saved, dy, addend, s, asked);

@@ -39,7 +39,7 @@ use super::device_batch_norm::{self, Activation, DeviceBatchNorm};
 use super::device_depthwise::{self, DeviceDepthwise};
 use super::device_gates::{After, Gate};
 use super::device_matmul::{self, DeviceMatmul, Kernel};
-use super::device_op::{self, on_cube_types, DeviceBackward};
+use super::device_op::{self, next_of, on_cube_types, DeviceBackward};
 use super::host_depthwise::{cast, float};
 use super::running_stats;
 
@@ -203,14 +203,6 @@ where
         let grads = in_stream_vec::<B, _>("convolution module backward", inputs, outputs, run);
         let mut grads = grads.into_iter();
         asked.map(|yes| if yes { grads.next() } else { None })
-    }
-}
-
-/// The next of `tensors`, which the caller declared (`what`).
-fn next_of<T>(tensors: &mut impl Iterator<Item = T>, what: &str) -> T {
-    match tensors.next() {
-        Some(t) => t,
-        None => unreachable!("{what}"),
     }
 }
 

@@ -39,7 +39,7 @@ use super::conv::DepthwiseConv1d;
 use super::device_conv_module::{self as conv, Chain, DeviceConvModule, Parts};
 use super::device_layer_norm;
 use super::device_matmul::{self, chosen, Kernel};
-use super::device_op::{self, on_cube_types, DeviceBackward};
+use super::device_op::{self, next_of, on_cube_types, DeviceBackward};
 use super::device_residual_norm::{self, Links};
 use super::dropout::{Dropout, NextNorm, Rule};
 use super::handoff::Handoff;
@@ -276,14 +276,6 @@ where
         let name = "convolution module with its residual backward";
         let mut grads = in_stream_vec::<B, _>(name, inputs, outputs, run).into_iter();
         asked.map(|yes| if yes { grads.next() } else { None })
-    }
-}
-
-/// The next of `tensors`, which the caller declared (`what`).
-fn next_of<T>(tensors: &mut impl Iterator<Item = T>, what: &str) -> T {
-    match tensors.next() {
-        Some(t) => t,
-        None => unreachable!("{what}"),
     }
 }
 

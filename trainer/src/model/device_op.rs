@@ -234,6 +234,15 @@ impl<B: Backend, O: DeviceBackward<B, N>, const N: usize> Backward<B, N> for OpB
     }
 }
 
+/// The next of `tensors`, which the caller declared (`what`): an operation's inputs or
+/// outputs under fusion, unpacked in the order it packed them.
+pub(crate) fn next_of<T>(tensors: &mut impl Iterator<Item = T>, what: &str) -> T {
+    match tensors.next() {
+        Some(t) => t,
+        None => unreachable!("{what}"),
+    }
+}
+
 /// `op` under autodiff with the forward `forward`: the output and what `op`'s backward keeps
 /// from the inputs' primitives, then one node with `inputs` as parents, in order, keeping the
 /// saved part only where one of them is tracked.

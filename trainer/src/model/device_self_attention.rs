@@ -38,7 +38,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use super::device_context::{self, Attend, DeviceContext};
 use super::device_heads;
 use super::device_matmul::{self, Kernel};
-use super::device_op::{self, on_cube_types, DeviceBackward};
+use super::device_op::{self, next_of, on_cube_types, DeviceBackward};
 use super::device_qkv::{self, DeviceQkv};
 use super::dropout::Dropout;
 use super::host_depthwise::{cast, float, same};
@@ -168,14 +168,6 @@ where
         let grads = in_stream_vec::<B, _>("self-attention backward", inputs, outputs, run);
         let mut grads = grads.into_iter();
         asked.map(|yes| if yes { grads.next() } else { None })
-    }
-}
-
-/// The next of `tensors`, which the caller declared (`what`).
-pub(crate) fn next_of<T>(tensors: &mut impl Iterator<Item = T>, what: &str) -> T {
-    match tensors.next() {
-        Some(t) => t,
-        None => unreachable!("{what}"),
     }
 }
 
