@@ -81,10 +81,10 @@
 #        model::device_self_attention)
 #   xn   the same for each residual connection and the normalisation after it as two nodes, two
 #        operations backward, and each feed-forward module, self-attention and convolution
-#        chain as their own operations each way before them (ASRT_RESIDUAL_NORM_OP=0; one
-#        node, one operation each way by default, model::device_residual_norm,
-#        model::device_feed_forward, model::device_attention_module,
-#        model::device_conv_residual)
+#        chain as their own operations each way before them, the block's first normalisation
+#        as its own (ASRT_RESIDUAL_NORM_OP=0; one node, one operation each way by default,
+#        model::device_residual_norm, model::device_feed_forward,
+#        model::device_attention_module, model::device_conv_residual)
 #   db   d's plan in bf16-mixed, run twice so that the second run finds its kernels compiled:
 #        compare with dw (ASRT_DB_PRECISION; a dry run trains on the CPU, through burn-flex)
 #   d2   the same at a larger batch (ASRT_D2_BATCH_SECONDS, default 360 s of audio): how the step
