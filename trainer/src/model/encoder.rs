@@ -42,32 +42,58 @@ fn layer_norm<B: Backend, const D: usize>(
     norm.forward(x)
 }
 
-/// The residual connection after `layer` of `h` (`Dropout::residual_linear`, handing `x`'s
-/// gradient over `link[at]`), then `norm` of its output, claiming `link[at + 1]` where there is
-/// one: `(the residual's output, the normalised)`. The normalisation's forward runs in the
-/// residual's kernel where both are device operations, else on its own ([`layer_norm`]). In a
-/// `chain` (`device_residual_norm::chain_fits`) the two may be one node, the residual's output
-/// untracked: the caller gives it only to the chain's next connection, or drops it.
-#[allow(clippy::too_many_arguments)]
-fn residual_then_norm<B: Backend>(
-    d: &Dropout,
-    x: Tensor<B, 3>,
-    layer: &Linear<B>,
-    h: Tensor<B, 3>,
-    factor: f32,
-    p: Precision,
-    link: &[Handoff; 4],
+/// One of a block's residual connections as its modules run it: its dropout, the block's
+/// handoffs, its place among them (it hands its input's gradient over `link[at]` and the
+/// normalisation after it, `norm`, claims `link[at + 1]` where there is one), and whether the
+/// block's connections are a `chain` (`device_residual_norm::chain_fits`).
+#[derive(Clone, Copy)]
+struct Connection<'a, B: Backend> {
+    dropout: &'a Dropout,
+    link: &'a [Handoff; 4],
     at: usize,
-    norm: &LayerNorm<B>,
+    norm: &'a LayerNorm<B>,
     chain: bool,
-) -> (Tensor<B, 3>, Tensor<B, 3>) {
-    let handoff = link.get(at + 1);
-    let next = next_norm(norm, handoff, chain);
-    match d.residual_linear(x, layer, h, factor, p, link.get(at), next) {
-        (x, Some(normed)) => (x, normed),
-        (x, None) => {
-            let normed = layer_norm(norm, x.clone(), handoff);
-            (x, normed)
+}
+
+impl<'a, B: Backend> Connection<'a, B> {
+    /// The handoff its input's gradient goes over.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn handoff(&self) -> Option<&'a Handoff> {
+        self.link.get(self.at)
+    }
+
+    /// The normalisation after it as a link of a device chain takes it (the module before it,
+    /// the residual and the normalisation one node): in a chain, in f32 (`p`), where `also`
+    /// holds; its parameters read only then.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    fn chained(&self, p: Precision, also: bool) -> Option<NextNorm<'a, B>> {
+        let takes = self.chain && p.compute().is_none() && also;
+        takes.then(|| next_norm(self.norm, self.link.get(self.at + 1), self.chain)).flatten()
+    }
+
+    /// The connection from `x` after `layer` of `h` (`Dropout::residual_linear`, times
+    /// `factor`), then the normalisation of its output: `(the residual's output, the
+    /// normalised)`. The normalisation's forward runs in the residual's kernel where both are
+    /// device operations, else on its own ([`layer_norm`]). In a chain the two may be one node,
+    /// the residual's output untracked: the caller gives it only to the chain's next
+    /// connection, or drops it.
+    fn residual_then_norm(
+        &self,
+        x: Tensor<B, 3>,
+        layer: &Linear<B>,
+        h: Tensor<B, 3>,
+        factor: f32,
+        p: Precision,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let handoff = self.link.get(self.at + 1);
+        let next = next_norm(self.norm, handoff, self.chain);
+        let given = self.link.get(self.at);
+        match self.dropout.residual_linear(x, layer, h, factor, p, given, next) {
+            (x, Some(normed)) => (x, normed),
+            (x, None) => {
+                let normed = layer_norm(self.norm, x.clone(), handoff);
+                (x, normed)
+            }
         }
     }
 }
@@ -383,33 +409,23 @@ impl<B: Backend> RelPositionAttention<B> {
     }
 
     /// This module of `n` (`pos`, `pad`, `keep` as [`Self::context`] takes them), then `out`
-    /// with the residual connection from `x` (dropout `d`) and `norm` after it, as
-    /// [`residual_then_norm`] takes them. In a `chain` in f32 on the CubeCL backends in
-    /// training all of it is one node and one operation each way
-    /// (`device_attention_module`), where it was two.
-    #[allow(clippy::too_many_arguments)]
+    /// with the residual connection `to` from `x` and the normalisation after it
+    /// ([`Connection::residual_then_norm`]). In a chain in f32 on the CubeCL backends in
+    /// training all of it is one node and one operation each way (`device_attention_module`),
+    /// where it was two.
     fn with_residual_norm(
         &self,
-        d: &Dropout,
         x: Tensor<B, 3>,
         n: Tensor<B, 3>,
         (pos, pad, keep): (Tensor<B, 3>, Tensor<B, 4, Bool>, &Tensor<B, 3>),
         p: Precision,
-        link: &[Handoff; 4],
-        at: usize,
-        norm: &LayerNorm<B>,
-        chain: bool,
+        to: Connection<'_, B>,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
-        // The normalisation's parameters are read only where the operation may run; the
-        // positions' layer has no bias (NeMo's `linear_pos`).
+        // The positions' layer has no bias (NeMo's `linear_pos`).
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let next = (chain
-            && p.compute().is_none()
-            && self.pos.bias.is_none()
-            && super::device_self_attention::enabled())
-        .then(|| next_norm(norm, link.get(at + 1), chain));
+        let also = self.pos.bias.is_none() && super::device_self_attention::enabled();
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let (x, pos) = match next.flatten() {
+        let (x, pos) = match to.chained(p, also) {
             Some(next) => {
                 use super::device_attention_module::{train_on_device, Attention};
                 let [_, _, d_model] = n.dims();
@@ -421,16 +437,16 @@ impl<B: Backend> RelPositionAttention<B> {
                     divisor: ((d_model / self.heads) as f64).sqrt(),
                     dropout: &self.dropout,
                 };
-                let (out, handoff) = (&self.out, link.get(at));
-                match train_on_device(att, out, d, x, &n, pos, keep, handoff, next) {
+                let (out, d) = (&self.out, to.dropout);
+                match train_on_device(att, out, d, x, &n, pos, keep, to.handoff(), next) {
                     Ok([x, normed]) => return (x, normed),
                     Err(back) => back,
                 }
             }
-            _ => (x, pos),
+            None => (x, pos),
         };
         let h = self.context(n, pos, pad, keep, p);
-        residual_then_norm(d, x, &self.out, h, 1.0, p, link, at, norm, chain)
+        to.residual_then_norm(x, &self.out, h, 1.0, p)
     }
 
     /// The heads of `x` `[B, T, d]`, `[B, H, T, dk]` each: the query's with the position biases
@@ -621,30 +637,21 @@ impl<B: Backend> FeedForward<B> {
         linear_swish_dropped(p, &self.up, x, &self.dropout)
     }
 
-    /// This module of `input`, then `down` with the residual connection from `x` (dropout `d`,
-    /// times `factor`) and `norm` after it, as [`residual_then_norm`] takes them. In a `chain`
-    /// in f32 on the CubeCL backends in training all of it is one node and one operation each
-    /// way (`device_feed_forward`), where it was two, with the normalisation of `x` inside it
-    /// where `input` is that normalisation (where it was three).
-    #[allow(clippy::too_many_arguments)]
+    /// This module of `input`, then `down` with the residual connection `to` from `x` (times
+    /// `factor`) and the normalisation after it ([`Connection::residual_then_norm`]). In a
+    /// chain in f32 on the CubeCL backends in training all of it is one node and one operation
+    /// each way (`device_feed_forward`), where it was two, with the normalisation of `x`
+    /// inside it where `input` is that normalisation (where it was three).
     fn with_residual_norm(
         &self,
-        d: &Dropout,
         x: Tensor<B, 3>,
         input: ModuleInput<'_, B>,
         factor: f32,
         p: Precision,
-        link: &[Handoff; 4],
-        at: usize,
-        norm: &LayerNorm<B>,
-        chain: bool,
+        to: Connection<'_, B>,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
-        // The normalisation's parameters are read only where the operation may run.
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let next =
-            (chain && p.compute().is_none()).then(|| next_norm(norm, link.get(at + 1), chain));
-        #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let x = match next.flatten() {
+        let x = match to.chained(p, true) {
             Some(next) => {
                 use super::device_feed_forward::{self as device, train_on_device};
                 let device_input = match &input {
@@ -654,25 +661,25 @@ impl<B: Backend> FeedForward<B> {
                         device::ModuleInput::Normalised { gamma, beta, eps: LAYER_NORM_EPS }
                     }),
                 };
-                let (layers, dropouts) = ([&self.up, &self.down], [&self.dropout, d]);
+                let (layers, dropouts) = ([&self.up, &self.down], [&self.dropout, to.dropout]);
+                let handoff = to.handoff();
                 match device_input {
-                    Some(i) => {
-                        match train_on_device(layers, dropouts, factor, x, i, link.get(at), next) {
-                            Ok([x, normed]) => return (x, normed),
-                            Err(x) => x,
-                        }
-                    }
+                    Some(i) => match train_on_device(layers, dropouts, factor, x, i, handoff, next)
+                    {
+                        Ok([x, normed]) => return (x, normed),
+                        Err(x) => x,
+                    },
                     None => x,
                 }
             }
-            _ => x,
+            None => x,
         };
         let n = match input {
             ModuleInput::Normalised(n) => n,
-            ModuleInput::Norm(first) => layer_norm(first, x.clone(), link.get(at)),
+            ModuleInput::Norm(first) => layer_norm(first, x.clone(), to.link.get(to.at)),
         };
         let h = self.hidden(n, p);
-        residual_then_norm(d, x, &self.down, h, factor, p, link, at, norm, chain)
+        to.residual_then_norm(x, &self.down, h, factor, p)
     }
 }
 
@@ -727,42 +734,33 @@ impl<B: Backend> ConvModule<B> {
 
 impl<B: Backend> ConvModule<B> {
     /// This module of `n` (`keep` as [`Self::hidden`] takes it), then `pointwise2` with the
-    /// residual connection from `x` (dropout `d`) and `norm` after it, as
-    /// [`residual_then_norm`] takes them. In a `chain` in f32 on the CubeCL backends in
+    /// residual connection `to` from `x` and the normalisation after it
+    /// ([`Connection::residual_then_norm`]). In a chain in f32 on the CubeCL backends in
     /// training all of it is one node and one operation each way (`device_conv_residual`),
     /// where it was two.
-    #[allow(clippy::too_many_arguments)]
     fn with_residual_norm(
         &self,
-        d: &Dropout,
         x: Tensor<B, 3>,
         n: Tensor<B, 3>,
         keep: Tensor<B, 3>,
         p: Precision,
-        link: &[Handoff; 4],
-        at: usize,
-        norm: &LayerNorm<B>,
-        chain: bool,
+        to: Connection<'_, B>,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
-        // The normalisation's parameters are read only where the operation may run.
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let next =
-            (chain && p.compute().is_none()).then(|| next_norm(norm, link.get(at + 1), chain));
-        #[cfg(any(feature = "wgpu", feature = "cuda"))]
-        let x = match next.flatten() {
+        let x = match to.chained(p, true) {
             Some(next) => {
                 use super::device_conv_residual::train_on_device;
                 let layers = [&self.pointwise1, &self.pointwise2];
-                let (dw, bn, handoff) = (&self.depthwise, &self.norm, link.get(at));
+                let (dw, bn, d, handoff) = (&self.depthwise, &self.norm, to.dropout, to.handoff());
                 match train_on_device(layers, dw, bn, d, x, &n, &keep, handoff, next) {
                     Ok([x, normed]) => return (x, normed),
                     Err(x) => x,
                 }
             }
-            _ => x,
+            None => x,
         };
         let h = self.hidden(n, keep, p);
-        residual_then_norm(d, x, &self.pointwise2, h, 1.0, p, link, at, norm, chain)
+        to.residual_then_norm(x, &self.pointwise2, h, 1.0, p)
     }
 }
 
@@ -811,7 +809,7 @@ impl<B: Backend> ConformerLayer<B> {
         // (`Dropout::residual_linear`), which hands its input's gradient to the backward of
         // the layer normalisation reading the same input (`handoff`).
         // The normalisation after each residual runs in the residual's kernel where both are
-        // on the device (`residual_then_norm`).
+        // on the device (`Connection::residual_then_norm`).
         // Where every connection takes the device operation, each with the normalisation after
         // it is one node (`device_residual_norm`; with the whole feed-forward module before it,
         // `device_feed_forward`, the first one with the block's first normalisation too; with
@@ -829,16 +827,14 @@ impl<B: Backend> ConformerLayer<B> {
         ]);
         #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
         let chain = false;
+        let to = |at, norm| Connection { dropout: d, link: &link, at, norm, chain };
         let first = ModuleInput::Norm(&self.norm_ff1);
-        let (x, normed) =
-            self.ff1.with_residual_norm(d, x, first, 0.5, p, &link, 0, &self.norm_att, chain);
+        let (x, normed) = self.ff1.with_residual_norm(x, first, 0.5, p, to(0, &self.norm_att));
         let attend = (pos, pad, &keep);
-        let (x, normed) =
-            self.att.with_residual_norm(d, x, normed, attend, p, &link, 1, &self.norm_conv, chain);
-        let (x, normed) =
-            self.conv.with_residual_norm(d, x, normed, keep, p, &link, 2, &self.norm_ff2, chain);
+        let (x, normed) = self.att.with_residual_norm(x, normed, attend, p, to(1, &self.norm_conv));
+        let (x, normed) = self.conv.with_residual_norm(x, normed, keep, p, to(2, &self.norm_ff2));
         let normed = ModuleInput::Normalised(normed);
-        self.ff2.with_residual_norm(d, x, normed, 0.5, p, &link, 3, &self.norm_out, chain).1
+        self.ff2.with_residual_norm(x, normed, 0.5, p, to(3, &self.norm_out)).1
     }
 }
 
