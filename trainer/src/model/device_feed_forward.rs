@@ -60,22 +60,22 @@ use super::host_depthwise::{float, same};
 const SLOTS: usize = 10;
 
 /// The operation's settings: the layers' kernel, the module's dropout rule, the residual's
-/// (times its factor), the normalisation's epsilon and the first one's where it runs inside.
+/// (times its factor) and the normalisation's epsilon.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
     kernel: Kernel,
     up_rule: Rule,
     rule: Rule,
     eps: f64,
-    first_eps: Option<f64>,
 }
 
 /// The module's input: given (`n`), or the residual's input normalised inside the node under
-/// `[gamma1, beta1]`.
+/// `[gamma1, beta1]` with epsilon `eps` (the forward's only: the backward reads the rows'
+/// statistics).
 #[derive(Debug, Clone)]
 pub enum Input<B: Backend> {
     Given(FloatTensor<B>),
-    Normalised([FloatTensor<B>; 2]),
+    Normalised { params: [FloatTensor<B>; 2], eps: f64 },
 }
 
 /// What the backward needs: the first layer's input and weight and the Swish's input, then
@@ -120,8 +120,7 @@ pub trait DeviceFeedForward: DeviceMatmul + DeviceLayerNorm {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, Saved<Self>) {
         let (n, first) = match input {
             Input::Given(n) => (n, None),
-            Input::Normalised([gamma1, beta1]) => {
-                let eps = s.first_eps.unwrap_or(s.eps);
+            Input::Normalised { params: [gamma1, beta1], eps } => {
                 let (n, saved) = Self::layer_norm_forward(x.clone(), gamma1, beta1, eps);
                 (n, Some(saved))
             }
@@ -241,21 +240,26 @@ where
         if let (Some(last), Some(&ff)) = (hidden.last_mut(), rest[0].shape.to_vec().last()) {
             *last = ff;
         }
-        let inside = matches!(input, Input::Normalised(_));
+        // The first normalisation's epsilon where it runs inside.
+        let inside = match &input {
+            Input::Normalised { eps, .. } => Some(*eps),
+            Input::Given(_) => None,
+        };
         let mut shapes = vec![dims.clone(), dims.clone(), vec![rows, 2], hidden.clone(), hidden];
-        if inside {
+        if inside.is_some() {
             shapes.extend([dims, vec![rows, 2]]);
         }
         let outputs = shapes.into_iter().map(|s| (s, DType::F32)).collect();
         let [w_up, w_down, gamma] = [0, 2, 4].map(|i| rest[i].clone());
-        let (given, gamma1) = match &input {
-            Input::Given(n) => (Some(n.clone()), None),
-            Input::Normalised([gamma1, _]) => (None, Some(gamma1.clone())),
+        // What the backward keeps of the inputs: the module's input where given, else the
+        // first normalisation's input and scale.
+        let kept = match &input {
+            Input::Given(n) => Ok(n.clone()),
+            Input::Normalised { params: [gamma1, _], .. } => Err((x.clone(), gamma1.clone())),
         };
-        let first_x = inside.then(|| x.clone());
         let inputs = match input {
             Input::Given(n) => vec![x, n],
-            Input::Normalised([gamma1, beta1]) => vec![x, gamma1, beta1],
+            Input::Normalised { params: [gamma1, beta1], .. } => vec![x, gamma1, beta1],
         };
         let inputs = inputs.into_iter().chain(rest).collect();
         let run = move |ins: Vec<FloatTensor<B>>| {
@@ -266,8 +270,8 @@ where
             };
             let x = next();
             let input = match inside {
-                true => Input::Normalised([next(), next()]),
-                false => Input::Given(next()),
+                Some(eps) => Input::Normalised { params: [next(), next()], eps },
+                None => Input::Given(next()),
             };
             let rest = [(); 6].map(|_| next());
             let (normed, r, saved) = B::feed_forward_forward(x, input, rest, s);
@@ -285,13 +289,12 @@ where
             None => unreachable!("the feed-forward module: its declared outputs"),
         };
         let [normed, r, stats, g, gate_in] = [(); 5].map(|_| next());
-        let (n, first) = match (given, first_x, gamma1) {
-            (Some(n), _, _) => (n, None),
-            (None, Some(x), Some(gamma)) => {
+        let (n, first) = match kept {
+            Ok(n) => (n, None),
+            Err((x, gamma)) => {
                 let n = next();
                 (n, Some(device_layer_norm::Saved { x, gamma, stats: next() }))
             }
-            _ => unreachable!("the module's input is given or normalised inside"),
         };
         let rest = [r.clone(), gamma, stats, g, w_down];
         (normed, r, Saved::new([n, w_up, gate_in], rest, first))
@@ -461,25 +464,16 @@ pub fn train_on_device<B: Backend>(
             let (Some(up_rule), Some(rule)) = rules else {
                 unreachable!("both dropouts draw in training (Dropout::draws)")
             };
-            let first_eps = match &input {
-                ModuleInput::Normalised { eps, .. } => Some(*eps),
-                ModuleInput::Given(_) => None,
-            };
             let kernel = chosen();
             let rule = rule.times(factor);
-            let settings = Settings { kernel, up_rule, rule, eps: next.eps, first_eps };
+            let settings = Settings { kernel, up_rule, rule, eps: next.eps };
             let t3 = |t: Tensor<B, 3>| float(same::<_, Tensor<A, 3>>(t));
             let t2 = |t: &Tensor<B, 2>| float(same::<_, Tensor<A, 2>>(t.clone()));
             let t1 = |t: &Tensor<B, 1>| float(same::<_, Tensor<A, 1>>(t.clone()));
             let rest = [t2(&w_up), t1(&b_up), t2(&w_down), t1(&b_down)];
             let rest = rest.into_iter().chain([t1(&next.gamma), t1(&next.beta)]);
-            let forward = |x, input, [w_up, b_up, w_down, b_down, gamma, beta]: [_; 6]| {
-                T::feed_forward_forward(
-                    x,
-                    input,
-                    [w_up, b_up, w_down, b_down, gamma, beta],
-                    settings,
-                )
+            let forward = |x, input, rest: [FloatTensor<T>; 6]| {
+                T::feed_forward_forward(x, input, rest, settings)
             };
             let (normed, r) = match input {
                 ModuleInput::Given(n) => {
@@ -496,7 +490,7 @@ pub fn train_on_device<B: Backend>(
                         (normed, saved, r)
                     })
                 }
-                ModuleInput::Normalised { gamma, beta, .. } => {
+                ModuleInput::Normalised { gamma, beta, eps } => {
                     // The residual's input's gradient is the first normalisation's addend,
                     // inside the node: nothing is handed over.
                     let links = Links::new(None, next.handoff);
@@ -508,8 +502,8 @@ pub fn train_on_device<B: Backend>(
                     device_op::tracked_with_more(op, inputs, |_, inputs| {
                         let [x, gamma1, beta1, w_up, b_up, w_down, b_down, gamma, beta] = inputs;
                         let rest = [w_up, b_up, w_down, b_down, gamma, beta];
-                        let (normed, r, saved) =
-                            forward(x, Input::Normalised([gamma1, beta1]), rest);
+                        let input = Input::Normalised { params: [gamma1, beta1], eps };
+                        let (normed, r, saved) = forward(x, input, rest);
                         (normed, saved, r)
                     })
                 }
